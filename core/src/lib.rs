@@ -1,0 +1,82 @@
+//! Tela's protocol core: node records, the registry lattice, the local lifecycle, the bounded
+//! wire format and the sans-IO [`Node`] state machine that every runtime drives.
+//!
+//! This crate does no I/O. It reads no clock (time is an input: [`Time`]), opens no socket,
+//! spawns no thread and draws randomness only from a seeded [`rand_chacha::ChaCha8Rng`] whose
+//! seed comes from [`Config::rng_seed`]. The tokio runtime, the simulator, the fuzzers and the
+//! tests all drive the same [`Node`]:
+//!
+//! ```
+//! use tela_core::{Config, Input, Model, Node, NodeId, Output, Reachability, Time};
+//! use std::collections::VecDeque;
+//!
+//! // Two public nodes; datagrams "arrive" 1 ms after they are sent.
+//! let mk = |n: u64| {
+//!     let mut c = Config::new(NodeId::from_u64(n), 1);
+//!     c.reach = Reachability::Public(format!("10.0.0.{n}:7000"));
+//!     Node::new(c, Time::ZERO)
+//! };
+//! let mut nodes = [mk(1), mk(2)];
+//! nodes[1].handle_input(Time::ZERO, Input::EngineReady { models: vec![Model::named("llama")] });
+//! // Node 1 learns of node 2 the way a runtime would: node 2 dialled it.
+//! nodes[0].handle_input(Time::ZERO, Input::PeerConnected(NodeId::from_u64(2)));
+//!
+//! let mut in_flight: VecDeque<(Time, usize, NodeId, bytes::Bytes)> = VecDeque::new();
+//! let mut now = Time::ZERO;
+//! while now < Time::from_secs(3) {
+//!     let mut next = Time::NEVER;
+//!     for (i, node) in nodes.iter_mut().enumerate() {
+//!         loop {
+//!             match node.poll_output() {
+//!                 Output::Transmit(t) => {
+//!                     let to = (t.to.short() - 1) as usize;
+//!                     in_flight.push_back((now + std::time::Duration::from_millis(1), to, NodeId::from_u64(i as u64 + 1), t.payload));
+//!                 }
+//!                 Output::Event(_) | Output::Command(_) => {}
+//!                 Output::Timeout(at) => { next = next.min(at); break; }
+//!             }
+//!         }
+//!     }
+//!     if let Some(&(at, ..)) = in_flight.front() { next = next.min(at); }
+//!     now = next;
+//!     while in_flight.front().is_some_and(|(at, ..)| *at <= now) {
+//!         let (_, to, from, payload) = in_flight.pop_front().unwrap();
+//!         nodes[to].handle_input(now, Input::Datagram { from, payload });
+//!     }
+//!     for node in &mut nodes { node.handle_input(now, Input::Timeout); }
+//! }
+//! assert_eq!(nodes[0].replica().serving("llama"), &[NodeId::from_u64(2)]);
+//! ```
+//!
+//! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
+//! [`wire`] (datagrams), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
+//! [`hardware`] (GPU catalog and profiles), and [`harness`] (a multi-node test bench, behind
+//! the `harness` feature).
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod hardware;
+pub mod id;
+pub mod lifecycle;
+pub mod node;
+pub mod pushpull;
+pub mod record;
+pub mod replica;
+pub mod time;
+pub mod timer;
+pub mod wire;
+
+#[cfg(feature = "harness")]
+pub mod harness;
+
+pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
+pub use id::NodeId;
+pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
+pub use record::{
+    Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord,
+    Version,
+};
+pub use replica::Replica;
+pub use time::Time;
+pub use wire::{DecodeError, Message, MAX_DATAGRAM};

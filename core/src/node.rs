@@ -1,0 +1,541 @@
+//! The node state machine facade: every runtime drives the protocol through [`Node`].
+
+use crate::hardware::Hardware;
+use crate::id::NodeId;
+use crate::lifecycle::Local;
+use crate::pushpull::PushPull;
+use crate::record::{Lifecycle, Load, Model, Reachability, Record, Role, SharedRecord};
+use crate::replica::Replica;
+use crate::time::Time;
+use crate::timer::{Timer, TimerTable};
+use crate::wire::{self, DecodeError, MAX_DATAGRAM};
+use bytes::Bytes;
+use core::time::Duration;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// How a node is set up. Build with [`Config::new`] and adjust fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This node's identity.
+    pub id: NodeId,
+    /// The generation to start in. Runtimes pass something that grows across restarts (the
+    /// wall-clock milliseconds at start); if the federation still holds a record of this node
+    /// with a generation at least as high, the node moves past it by itself.
+    pub generation: u64,
+    /// What the node does.
+    pub role: Role,
+    /// GPUs it offers.
+    pub hardware: Hardware,
+    /// How peers reach it.
+    pub reach: Reachability,
+    /// Seed of the node's random choices (gossip peers, jitter).
+    pub rng_seed: u64,
+    /// Time between gossip rounds.
+    pub gossip_interval: Duration,
+    /// Peers contacted per gossip round.
+    pub fanout: usize,
+    /// Time between heartbeat bumps.
+    pub heartbeat_interval: Duration,
+    /// A node whose heartbeat has not advanced here for this long is dead (not routable).
+    pub dead_after: Duration,
+    /// Time between liveness sweeps.
+    pub sweep_interval: Duration,
+    /// How long before the walltime draining starts, and the longest a drain may take.
+    pub drain_window: Duration,
+    /// How long a node that has LEFT keeps spreading that news before asking to exit.
+    pub leave_linger: Duration,
+    /// Largest datagram to send, at most [`MAX_DATAGRAM`].
+    pub max_datagram: usize,
+}
+
+impl Config {
+    /// Defaults for a serving, outbound-only CPU node: 200 ms gossip rounds with fanout 3, 1 s
+    /// heartbeats, dead after 6 s, 15-minute drain window.
+    pub fn new(id: NodeId, generation: u64) -> Config {
+        Config {
+            id,
+            generation,
+            role: Role::Serving,
+            hardware: Hardware::CPU,
+            reach: Reachability::OutboundOnly,
+            rng_seed: id.short(),
+            gossip_interval: Duration::from_millis(200),
+            fanout: 3,
+            heartbeat_interval: Duration::from_secs(1),
+            dead_after: Duration::from_secs(6),
+            sweep_interval: Duration::from_millis(250),
+            drain_window: Duration::from_secs(15 * 60),
+            leave_linger: Duration::from_secs(1),
+            max_datagram: MAX_DATAGRAM,
+        }
+    }
+
+    /// Checks the settings that would make the node misbehave.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("gossip_interval", self.gossip_interval),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("sweep_interval", self.sweep_interval),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
+            return Err(ConfigError::ZeroInterval(name));
+        }
+        if self.dead_after <= self.heartbeat_interval {
+            return Err(ConfigError::DeadAfterTooShort {
+                dead_after: self.dead_after,
+                heartbeat: self.heartbeat_interval,
+            });
+        }
+        if !(256..=MAX_DATAGRAM).contains(&self.max_datagram) {
+            return Err(ConfigError::MaxDatagram(self.max_datagram));
+        }
+        if self.fanout == 0 {
+            return Err(ConfigError::ZeroFanout);
+        }
+        Ok(())
+    }
+}
+
+/// A configuration the node cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// An interval of zero would spin.
+    #[error("{0} must be greater than zero")]
+    ZeroInterval(&'static str),
+    /// Liveness timeout not longer than the heartbeat interval.
+    #[error("dead_after ({dead_after:?}) must exceed heartbeat_interval ({heartbeat:?}), or every node looks dead between heartbeats")]
+    DeadAfterTooShort {
+        /// The configured liveness timeout.
+        dead_after: Duration,
+        /// The configured heartbeat interval.
+        heartbeat: Duration,
+    },
+    /// Datagram limit out of range.
+    #[error("max_datagram {0} out of range 256..={MAX_DATAGRAM}")]
+    MaxDatagram(usize),
+    /// Nobody to gossip with.
+    #[error("fanout must be at least 1")]
+    ZeroFanout,
+}
+
+/// Something that happened outside the state machine, fed with [`Node::handle_input`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// The deadline from the last [`Output::Timeout`] has been reached.
+    Timeout,
+    /// A datagram from an authenticated peer.
+    Datagram {
+        /// Who sent it (from the transport's authentication, not from the payload).
+        from: NodeId,
+        /// The bytes as received.
+        payload: Bytes,
+    },
+    /// A connection to `peer` is up (an anchor we dialled, or a node that dialled us); the peer
+    /// can now be sent to even if it is outbound-only.
+    PeerConnected(NodeId),
+    /// The connection to `peer` is gone.
+    PeerDisconnected(NodeId),
+    /// The engine answers health checks and serves these models.
+    EngineReady {
+        /// Models from the engine's `/v1/models`.
+        models: Vec<Model>,
+    },
+    /// The engine stopped answering or exited.
+    EngineFailed,
+    /// Drain now (`tela drain`, SIGTERM, Slurm's warning signal).
+    DrainRequested,
+    /// The allocation ends at this local time; draining starts one drain window before.
+    Walltime(Time),
+    /// The current load, from the runtime's request accounting.
+    Load(Load),
+}
+
+/// A datagram to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The peer to send to.
+    pub to: NodeId,
+    /// At most `max_datagram` bytes.
+    pub payload: Bytes,
+}
+
+/// News for the embedding application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A node became routable (alive, SERVE, hosting models).
+    Routable(NodeId),
+    /// A node stopped being routable; send it no new requests.
+    Unroutable(NodeId),
+    /// A node was learned for the first time.
+    Discovered(NodeId),
+    /// The local node entered a new state or generation.
+    LocalState {
+        /// The local generation.
+        generation: u64,
+        /// The local state.
+        state: Lifecycle,
+    },
+    /// A datagram was rejected; state is unchanged.
+    Rejected {
+        /// The sender.
+        from: NodeId,
+        /// Why.
+        error: DecodeError,
+    },
+}
+
+/// Something the runtime must do in the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// The node has LEFT: stop the engine it supervises.
+    StopEngine,
+    /// LEFT has been spread: end the process.
+    Exit,
+}
+
+/// What [`Node::poll_output`] returns; drain until [`Output::Timeout`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Send a datagram.
+    Transmit(Transmit),
+    /// Tell the application.
+    Event(Event),
+    /// Act in the world.
+    Command(Command),
+    /// Nothing else to do: call back with [`Input::Timeout`] at this time (or earlier, with any
+    /// other input). [`Time::NEVER`] when the node has exited.
+    Timeout(Time),
+}
+
+/// Counters for metrics and simulator reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams sent.
+    pub datagrams_out: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Datagrams received.
+    pub datagrams_in: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Datagrams rejected by decoding.
+    pub rejected: u64,
+    /// Records merged that changed the replica.
+    pub records_changed: u64,
+    /// Generations started after the first (restarts into a new generation, refutations).
+    pub new_generations: u64,
+}
+
+/// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.
+///
+/// # Driving it
+///
+/// The node never does I/O and never reads a clock. The runtime owns sockets and timers and:
+///
+/// 1. creates it with [`Node::new`] (`now` = the runtime's current time);
+/// 2. feeds every input with [`Node::handle_input`]`(now, input)` — datagrams, connection changes,
+///    engine health, drain requests, load reports, and [`Input::Timeout`] when the last deadline
+///    is reached;
+/// 3. after each input, calls [`Node::poll_output`] until it returns [`Output::Timeout`], sending
+///    each [`Transmit`], acting on each [`Command`] and passing on each [`Event`];
+/// 4. sleeps until the returned deadline or the next input, whichever comes first.
+///
+/// Time never goes backwards: a `now` earlier than one already seen is treated as the latest seen.
+/// Everything the node does is a function of its [`Config`] (including `rng_seed`) and the input
+/// sequence with its times, which is what lets the simulator replay runs bit for bit.
+///
+/// ```
+/// use tela_core::{Config, Input, Model, Node, NodeId, Output, Time};
+///
+/// let mut node = Node::new(Config::new(NodeId::from_u64(1), 1), Time::ZERO);
+/// node.handle_input(Time::ZERO, Input::EngineReady { models: vec![Model::named("llama")] });
+/// let mut now = Time::ZERO;
+/// for _ in 0..10 {
+///     let deadline = loop {
+///         match node.poll_output() {
+///             Output::Transmit(t) => { /* socket.send(t.to, &t.payload) */ let _ = t; }
+///             Output::Event(e) => { /* tell the application */ let _ = e; }
+///             Output::Command(c) => { /* stop the engine, exit */ let _ = c; }
+///             Output::Timeout(at) => break at,
+///         }
+///     };
+///     // A real runtime waits for a datagram or the deadline; here time just jumps.
+///     now = deadline;
+///     node.handle_input(now, Input::Timeout);
+/// }
+/// assert_eq!(node.replica().serving("llama"), &[NodeId::from_u64(1)]);
+/// ```
+#[derive(Debug)]
+pub struct Node {
+    pub(crate) config: Config,
+    pub(crate) now: Time,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) replica: Replica,
+    pub(crate) timers: TimerTable,
+    pub(crate) outputs: VecDeque<Output>,
+    pub(crate) connected: Vec<NodeId>,
+    pub(crate) local: Local,
+    pub(crate) gossip: PushPull,
+    pub(crate) stats: Stats,
+    pub(crate) exited: bool,
+    flips: Vec<(NodeId, bool)>,
+}
+
+impl Node {
+    /// A node in state JOIN at time `now`.
+    ///
+    /// `config` should pass [`Config::validate`]; out-of-range values are clamped so that the
+    /// node still runs.
+    pub fn new(mut config: Config, now: Time) -> Node {
+        config.max_datagram = config.max_datagram.clamp(256, MAX_DATAGRAM);
+        config.fanout = config.fanout.max(1);
+        let tick = Duration::from_millis(1);
+        for d in [
+            &mut config.gossip_interval,
+            &mut config.heartbeat_interval,
+            &mut config.sweep_interval,
+        ] {
+            *d = (*d).max(tick);
+        }
+        let record = Record::new(
+            config.id,
+            config.generation,
+            config.role,
+            config.hardware.clone(),
+            config.reach.clone(),
+        );
+        let mut node = Node {
+            rng: ChaCha8Rng::seed_from_u64(config.rng_seed),
+            replica: Replica::new(record, now, config.dead_after),
+            now,
+            timers: TimerTable::default(),
+            outputs: VecDeque::new(),
+            connected: Vec::new(),
+            local: Local::default(),
+            gossip: PushPull::default(),
+            stats: Stats::default(),
+            exited: false,
+            flips: Vec::new(),
+            config,
+        };
+        let jitter = node.jitter(node.config.gossip_interval);
+        node.timers.set(Timer::Gossip, now + jitter);
+        node.timers
+            .set(Timer::Heartbeat, now + node.config.heartbeat_interval);
+        node.timers
+            .set(Timer::Sweep, now + node.config.sweep_interval);
+        node.emit_local_state();
+        node
+    }
+
+    /// Feeds one input at time `now`.
+    pub fn handle_input(&mut self, now: Time, input: Input) {
+        self.now = self.now.max(now);
+        if self.exited {
+            return;
+        }
+        match input {
+            Input::Timeout => self.handle_timeouts(),
+            Input::Datagram { from, payload } => self.handle_datagram(from, &payload),
+            Input::PeerConnected(peer) => {
+                if let Err(i) = self.connected.binary_search(&peer) {
+                    self.connected.insert(i, peer);
+                }
+            }
+            Input::PeerDisconnected(peer) => {
+                if let Ok(i) = self.connected.binary_search(&peer) {
+                    self.connected.remove(i);
+                }
+            }
+            Input::EngineReady { models } => self.engine_ready(models),
+            Input::EngineFailed => self.engine_failed(),
+            Input::DrainRequested => self.start_drain(),
+            Input::Walltime(at) => self.set_walltime(at),
+            Input::Load(load) => self.set_load(load),
+        }
+    }
+
+    /// The next thing to do; returns [`Output::Timeout`] once nothing else is pending.
+    pub fn poll_output(&mut self) -> Output {
+        self.outputs
+            .pop_front()
+            .unwrap_or_else(|| Output::Timeout(self.timers.next_deadline()))
+    }
+
+    /// This node's replica of the registry.
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// This node's own current record.
+    pub fn local_record(&self) -> &SharedRecord {
+        self.replica.local()
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.config.id
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// True once [`Command::Exit`] has been issued; the node then ignores all input.
+    pub fn has_exited(&self) -> bool {
+        self.exited
+    }
+
+    /// Peers with a live connection, sorted.
+    pub fn connected_peers(&self) -> &[NodeId] {
+        &self.connected
+    }
+
+    fn handle_timeouts(&mut self) {
+        while let Some(timer) = self.timers.pop_expired(self.now) {
+            match timer {
+                Timer::Gossip => {
+                    self.gossip_round();
+                    self.timers
+                        .set(Timer::Gossip, self.now + self.config.gossip_interval);
+                }
+                Timer::Heartbeat => {
+                    self.heartbeat();
+                    self.timers
+                        .set(Timer::Heartbeat, self.now + self.config.heartbeat_interval);
+                }
+                Timer::Sweep => {
+                    let mut flips = core::mem::take(&mut self.flips);
+                    self.replica.sweep(self.now, &mut flips);
+                    for (id, routable) in flips.drain(..) {
+                        self.emit_routable(id, routable);
+                    }
+                    self.flips = flips;
+                    self.timers
+                        .set(Timer::Sweep, self.now + self.config.sweep_interval);
+                }
+                Timer::DrainStart => self.start_drain(),
+                Timer::DrainDeadline => self.leave(),
+                Timer::Exit => {
+                    self.outputs.push_back(Output::Command(Command::Exit));
+                    self.timers.stop_all();
+                    self.exited = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle_datagram(&mut self, from: NodeId, payload: &[u8]) {
+        self.stats.datagrams_in += 1;
+        self.stats.bytes_in += payload.len() as u64;
+        match wire::decode(payload) {
+            Ok(msg) => self.handle_message(from, msg),
+            Err(error) => {
+                self.stats.rejected += 1;
+                self.outputs
+                    .push_back(Output::Event(Event::Rejected { from, error }));
+            }
+        }
+    }
+
+    /// Merges a record from a peer; echoes of our own record that we do not hold are refuted.
+    pub(crate) fn absorb(&mut self, record: Record) {
+        if record.id == self.config.id {
+            if !self.replica.local().dominates(&record) {
+                self.refute(record.generation);
+            }
+            return;
+        }
+        let id = record.id;
+        let merged = self.replica.merge(self.now, Arc::new(record));
+        if merged.changed {
+            self.stats.records_changed += 1;
+        }
+        if merged.new_node {
+            self.outputs.push_back(Output::Event(Event::Discovered(id)));
+        }
+        if let Some(routable) = merged.routable {
+            self.emit_routable(id, routable);
+        }
+    }
+
+    pub(crate) fn emit_routable(&mut self, id: NodeId, routable: bool) {
+        let e = if routable {
+            Event::Routable(id)
+        } else {
+            Event::Unroutable(id)
+        };
+        self.outputs.push_back(Output::Event(e));
+    }
+
+    pub(crate) fn emit_local_state(&mut self) {
+        let r = self.replica.local();
+        let e = Event::LocalState {
+            generation: r.generation,
+            state: r.state,
+        };
+        self.outputs.push_back(Output::Event(e));
+    }
+
+    pub(crate) fn transmit(&mut self, to: NodeId, payload: Bytes) {
+        debug_assert!(payload.len() <= self.config.max_datagram);
+        self.stats.datagrams_out += 1;
+        self.stats.bytes_out += payload.len() as u64;
+        self.outputs
+            .push_back(Output::Transmit(Transmit { to, payload }));
+    }
+
+    fn jitter(&mut self, max: Duration) -> Duration {
+        use rand::Rng;
+        let micros = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
+        Duration::from_micros(self.rng.random_range(0..micros))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_is_send_and_outputs_stay_small() {
+        fn is_send<T: Send>() {}
+        is_send::<Node>();
+        assert!(
+            core::mem::size_of::<Output>() <= 64,
+            "Output is {} bytes",
+            core::mem::size_of::<Output>()
+        );
+        assert!(
+            core::mem::size_of::<Input>() <= 64,
+            "Input is {} bytes",
+            core::mem::size_of::<Input>()
+        );
+    }
+
+    #[test]
+    fn config_validation_names_the_problem() {
+        let mut c = Config::new(NodeId::from_u64(1), 1);
+        assert_eq!(c.validate(), Ok(()));
+        c.dead_after = c.heartbeat_interval;
+        assert!(c.validate().unwrap_err().to_string().contains("dead_after"));
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.gossip_interval = Duration::ZERO;
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::ZeroInterval("gossip_interval"))
+        );
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.max_datagram = 5000;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! First dissemination: periodic push-pull of records with a few random peers.
+//!
+//! Every gossip round a node sends each of `fanout` random peers a *digest* — the versions it
+//! holds for its own record and a rotating window of its registry, as many as fit one datagram.
+//! The receiver answers with the records it holds newer ([`Message::Records`]) and asks for the
+//! ones it lacks ([`Message::Want`]), which the first node then sends. Changes to the local
+//! lifecycle are also pushed at once to `fanout` peers.
+//!
+//! This is simple and converges, but every node's heartbeat travels to every node, and a full
+//! pass over the registry takes `n / window` rounds: it is meant for federations of tens to a few
+//! hundred nodes. The 10,000-node protocol replaces it behind the same [`Node`] facade.
+
+use crate::id::NodeId;
+use crate::node::Node;
+use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
+use crate::wire::{Builder, DigestEntry, Message};
+
+/// Records sent in answer to one digest or want, in datagrams; bounds reply amplification.
+const MAX_REPLY_DATAGRAMS: usize = 2;
+
+/// Dissemination state.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PushPull {
+    /// Where the next digest window starts in the replica's slot order.
+    cursor: usize,
+}
+
+impl Node {
+    pub(crate) fn gossip_round(&mut self) {
+        let peers = self.pick_peers(self.config.fanout);
+        for peer in peers {
+            self.send_digest(peer);
+        }
+        if self.replica.local().state == Lifecycle::Left {
+            self.announce();
+        }
+    }
+
+    /// Pushes the local record to `fanout` random peers.
+    pub(crate) fn announce(&mut self) {
+        let own = self.replica.local().clone();
+        for peer in self.pick_peers(self.config.fanout) {
+            self.send_records(peer, core::slice::from_ref(&own));
+        }
+    }
+
+    pub(crate) fn handle_message(&mut self, from: NodeId, msg: Message) {
+        match msg {
+            Message::Digest(entries) => self.on_digest(from, &entries),
+            Message::Records(records) => {
+                for r in records {
+                    self.absorb(r);
+                }
+            }
+            Message::Want(ids) => {
+                let records: Vec<SharedRecord> = ids
+                    .iter()
+                    .filter_map(|id| self.replica.get(id).map(|s| s.record().clone()))
+                    .collect();
+                self.send_records(from, &records);
+            }
+        }
+    }
+
+    fn on_digest(&mut self, from: NodeId, entries: &[DigestEntry]) {
+        let mut newer = Vec::new();
+        let mut want = Builder::<NodeId>::new(self.config.max_datagram);
+        for e in entries {
+            match self.replica.get(&e.id) {
+                None => {
+                    want.push(&e.id);
+                }
+                Some(slot) => {
+                    let mine = slot.record().version();
+                    if !e.version.covers(&mine) {
+                        newer.push(slot.record().clone());
+                    }
+                    if !mine.covers(&e.version) {
+                        want.push(&e.id);
+                    }
+                }
+            }
+        }
+        self.send_records(from, &newer);
+        if !want.is_empty() {
+            self.transmit(from, want.finish());
+        }
+    }
+
+    fn send_digest(&mut self, to: NodeId) {
+        let mut b = Builder::<DigestEntry>::new(self.config.max_datagram);
+        let own = self.replica.local();
+        b.push(&DigestEntry {
+            id: own.id,
+            version: own.version(),
+        });
+        let slots = self.replica.slots();
+        let n = slots.len();
+        let mut taken = 0;
+        // Slot 0 is the local record, already in.
+        while taken + 1 < n {
+            let i = 1 + (self.gossip.cursor + taken) % (n - 1);
+            let r = slots[i].record();
+            if !b.push(&DigestEntry {
+                id: r.id,
+                version: r.version(),
+            }) {
+                break;
+            }
+            taken += 1;
+        }
+        if n > 1 {
+            self.gossip.cursor = (self.gossip.cursor + taken) % (n - 1);
+        }
+        self.transmit(to, b.finish());
+    }
+
+    fn send_records(&mut self, to: NodeId, records: &[SharedRecord]) {
+        let mut rest = records;
+        for _ in 0..MAX_REPLY_DATAGRAMS {
+            if rest.is_empty() {
+                return;
+            }
+            let mut b = Builder::<Record>::new(self.config.max_datagram);
+            let mut used = 0;
+            for r in rest {
+                if !b.push(r) {
+                    break;
+                }
+                used += 1;
+            }
+            if used == 0 {
+                return; // cannot happen for valid records: any one fits a datagram
+            }
+            rest = &rest[used..];
+            self.transmit(to, b.finish());
+        }
+    }
+
+    /// Up to `k` distinct peers we can send to: public nodes and peers with a live connection,
+    /// alive ones first. Dead ones are tried only when too few are alive, so a node cut off by a
+    /// partition keeps knocking.
+    fn pick_peers(&mut self, k: usize) -> Vec<NodeId> {
+        use rand::Rng;
+        let me = self.config.id;
+        let mut alive: Vec<NodeId> = Vec::new();
+        let mut other: Vec<NodeId> = Vec::new();
+        for slot in self.replica.slots() {
+            let r = slot.record();
+            if r.id == me || r.state == Lifecycle::Left {
+                continue;
+            }
+            let reachable = matches!(r.reach, Reachability::Public(_))
+                || self.connected.binary_search(&r.id).is_ok();
+            if !reachable {
+                continue;
+            }
+            if slot.is_alive() {
+                alive.push(r.id);
+            } else {
+                other.push(r.id);
+            }
+        }
+        // Connected peers whose record we do not know yet (a freshly dialled anchor).
+        for &p in &self.connected {
+            if self.replica.get(&p).is_none() {
+                alive.push(p);
+            }
+        }
+        let mut picked = Vec::with_capacity(k);
+        for pool in [&mut alive, &mut other] {
+            while picked.len() < k && !pool.is_empty() {
+                let i = self.rng.random_range(0..pool.len());
+                picked.push(pool.swap_remove(i));
+            }
+        }
+        picked
+    }
+}

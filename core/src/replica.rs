@@ -1,0 +1,367 @@
+//! The registry: one replica of every node's record, merged through the lattice, with the
+//! liveness judgement and the "who serves model M" index that routing reads.
+//!
+//! Liveness is local: a slot remembers the local [`Time`] at which this replica last saw the
+//! node's heartbeat (or generation) advance, and the node counts as alive until `dead_after` has
+//! passed since then. No remote timestamp is ever compared with the local clock, so clock skew
+//! between institutions cannot make a node look dead or alive.
+//!
+//! A node is *routable* when it is alive, in state SERVE, has the serving role and lists at least
+//! one model. The replica keeps, per model name, the list of routable hosts, so a lookup is one
+//! hash probe and returns a slice regardless of the registry's size. Liveness is re-judged by
+//! [`Replica::sweep`], which the node calls on a timer; between sweeps a host that just timed out
+//! can still be listed.
+
+use crate::id::NodeId;
+use crate::record::{Lifecycle, Record, Role, SharedRecord};
+use crate::time::Time;
+use core::time::Duration;
+use foldhash::fast::FixedState;
+use hashbrown::HashMap;
+use std::sync::Arc;
+
+/// What this replica knows about one node.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    record: SharedRecord,
+    last_advanced: Time,
+    changed_at: Time,
+    alive: bool,
+    routable: bool,
+}
+
+impl Slot {
+    /// The merged record.
+    pub fn record(&self) -> &SharedRecord {
+        &self.record
+    }
+
+    /// Local time at which the heartbeat or generation last advanced here.
+    pub fn last_advanced(&self) -> Time {
+        self.last_advanced
+    }
+
+    /// Local time at which the merged record last changed here.
+    pub fn changed_at(&self) -> Time {
+        self.changed_at
+    }
+
+    /// Alive as of the last merge or sweep.
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    /// Alive, SERVE, serving role and at least one model.
+    pub fn is_routable(&self) -> bool {
+        self.routable
+    }
+}
+
+/// The effect of one merge on the replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// The stored record changed.
+    pub changed: bool,
+    /// The node was not known before.
+    pub new_node: bool,
+    /// `Some(r)` when the node's routability flipped to `r`.
+    pub routable: Option<bool>,
+}
+
+/// A full replica of the registry.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    local: NodeId,
+    dead_after: Duration,
+    slots: Vec<Slot>,
+    index: HashMap<NodeId, u32, FixedState>,
+    hosts: HashMap<String, Vec<NodeId>, FixedState>,
+}
+
+impl Replica {
+    /// A replica that holds the local node's own record, judging others dead after `dead_after`
+    /// without a heartbeat advance.
+    pub fn new(local: Record, now: Time, dead_after: Duration) -> Replica {
+        let mut r = Replica {
+            local: local.id,
+            dead_after,
+            slots: Vec::new(),
+            index: HashMap::with_hasher(FixedState::default()),
+            hosts: HashMap::with_hasher(FixedState::default()),
+        };
+        r.merge(now, Arc::new(local));
+        r
+    }
+
+    /// The local node's id.
+    pub fn local_id(&self) -> NodeId {
+        self.local
+    }
+
+    /// The local node's record.
+    pub fn local(&self) -> &SharedRecord {
+        // The local slot is inserted first and never removed.
+        &self.slots[0].record
+    }
+
+    /// Number of known nodes, the local one included.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Never true: the local node is always known.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// What is known about `id`.
+    pub fn get(&self, id: &NodeId) -> Option<&Slot> {
+        self.index.get(id).map(|&i| &self.slots[i as usize])
+    }
+
+    /// All slots in the order nodes were first learned (deterministic for a given input sequence).
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Routable nodes hosting a model called `model` (any weight format).
+    pub fn serving(&self, model: &str) -> &[NodeId] {
+        self.hosts.get(model).map_or(&[], Vec::as_slice)
+    }
+
+    /// Names of models with at least one routable host, sorted.
+    pub fn routable_models(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(m, _)| m.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Merges a version of some node's record, received at local time `now`.
+    pub fn merge(&mut self, now: Time, incoming: SharedRecord) -> Merged {
+        let Some(&i) = self.index.get(&incoming.id) else {
+            let id = incoming.id;
+            let alive = incoming.state < Lifecycle::Left;
+            let slot = Slot {
+                record: incoming,
+                last_advanced: now,
+                changed_at: now,
+                alive,
+                routable: false,
+            };
+            self.index.insert(id, self.slots.len() as u32);
+            self.slots.push(slot);
+            let routable = self.refresh(self.slots.len() - 1, None);
+            return Merged {
+                changed: true,
+                new_node: true,
+                routable,
+            };
+        };
+        let i = i as usize;
+        let old = &self.slots[i].record;
+        let merged = if old.dominates(&incoming) {
+            return Merged::default();
+        } else if incoming.dominates(old) {
+            incoming
+        } else {
+            Arc::new(old.join(&incoming))
+        };
+        let advanced = merged.generation > old.generation || merged.heartbeat > old.heartbeat;
+        let previous = core::mem::replace(&mut self.slots[i].record, merged);
+        let slot = &mut self.slots[i];
+        slot.changed_at = now;
+        if advanced {
+            slot.last_advanced = now;
+            slot.alive = true;
+        }
+        if slot.record.state == Lifecycle::Left {
+            slot.alive = false;
+        }
+        let routable = self.refresh(i, Some(&previous));
+        Merged {
+            changed: true,
+            new_node: false,
+            routable,
+        }
+    }
+
+    /// Re-judges liveness at `now`; appends `(node, routable)` for every routability flip.
+    pub fn sweep(&mut self, now: Time, flips: &mut Vec<(NodeId, bool)>) {
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            let alive = slot.record.state < Lifecycle::Left
+                && (slot.record.id == self.local
+                    || now.saturating_since(slot.last_advanced) < self.dead_after);
+            if alive != slot.alive {
+                self.slots[i].alive = alive;
+                if let Some(r) = self.refresh(i, None) {
+                    flips.push((self.slots[i].record.id, r));
+                }
+            }
+        }
+    }
+
+    /// Recomputes slot `i`'s routability and keeps the host index in step. `previous` is the
+    /// record before a merge (its models may differ). Returns the new routability if it flipped.
+    fn refresh(&mut self, i: usize, previous: Option<&Record>) -> Option<bool> {
+        let slot = &self.slots[i];
+        let rec = &slot.record;
+        let routable = slot.alive
+            && rec.state == Lifecycle::Serve
+            && rec.role == Role::Serving
+            && !rec.models.is_empty();
+        let was = slot.routable;
+        let models_changed = previous.is_some_and(|p| p.models != rec.models);
+        if was == routable && !(routable && models_changed) {
+            return None;
+        }
+        let id = rec.id;
+        if was {
+            let old_models = previous.map_or(&rec.models, |p| &p.models);
+            for m in old_models.as_slice() {
+                if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
+                    if let Some(pos) = list.iter().position(|n| *n == id) {
+                        list.swap_remove(pos);
+                    }
+                }
+            }
+        }
+        let slot = &mut self.slots[i];
+        slot.routable = routable;
+        if routable {
+            for m in slot.record.models.as_slice() {
+                let list = self.hosts.entry_ref(m.name.as_str()).or_default();
+                if !list.contains(&id) {
+                    list.push(id);
+                }
+            }
+        }
+        (was != routable).then_some(routable)
+    }
+
+    /// Replaces the local node's own record with a newer version the owner made.
+    pub fn set_local(&mut self, now: Time, record: Record) -> Merged {
+        debug_assert_eq!(record.id, self.local);
+        self.merge(now, Arc::new(record))
+    }
+
+    /// Every record, sorted by node id: the canonical content for comparing replicas.
+    pub fn sorted_records(&self) -> Vec<SharedRecord> {
+        let mut v: Vec<SharedRecord> = self.slots.iter().map(|s| s.record.clone()).collect();
+        v.sort_unstable_by_key(|r| r.id);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::Hardware;
+    use crate::record::{Model, ModelSet, Reachability};
+
+    fn rec(n: u64, generation: u64, state: Lifecycle, hb: u64, models: &[&str]) -> SharedRecord {
+        let mut r = Record::new(
+            NodeId::from_u64(n),
+            generation,
+            Role::Serving,
+            Hardware::CPU,
+            Reachability::OutboundOnly,
+        );
+        r.state = state;
+        r.heartbeat = hb;
+        r.models = ModelSet::from_models(models.iter().map(|m| Model::named(*m)).collect());
+        Arc::new(r)
+    }
+
+    fn replica() -> Replica {
+        Replica::new(
+            (*rec(0, 1, Lifecycle::Join, 0, &[])).clone(),
+            Time::ZERO,
+            Duration::from_secs(5),
+        )
+    }
+
+    #[test]
+    fn serving_lists_only_routable_hosts_of_the_model() {
+        let mut r = replica();
+        assert_eq!(
+            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["llama"]))
+                .routable,
+            Some(true)
+        );
+        r.merge(Time::ZERO, rec(2, 1, Lifecycle::Join, 1, &["llama"]));
+        r.merge(
+            Time::ZERO,
+            rec(3, 1, Lifecycle::Serve, 1, &["qwen", "llama"]),
+        );
+        let mut hosts = r.serving("llama").to_vec();
+        hosts.sort();
+        assert_eq!(hosts, vec![NodeId::from_u64(1), NodeId::from_u64(3)]);
+        assert_eq!(r.serving("qwen"), &[NodeId::from_u64(3)]);
+        assert!(r.serving("mistral").is_empty());
+        assert_eq!(r.routable_models(), vec!["llama", "qwen"]);
+        // DOWN removes the host at once.
+        assert_eq!(
+            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 1, &["llama"]))
+                .routable,
+            Some(false)
+        );
+        assert_eq!(r.serving("llama"), &[NodeId::from_u64(3)]);
+    }
+
+    #[test]
+    fn liveness_follows_local_time_of_heartbeat_advance() {
+        let mut r = replica();
+        let mut flips = Vec::new();
+        r.merge(Time::from_secs(1), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
+        r.sweep(Time::from_secs(5), &mut flips);
+        assert!(flips.is_empty());
+        // Re-receiving the same heartbeat is not evidence of life.
+        r.merge(Time::from_secs(5), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
+        r.sweep(Time::from_secs(6), &mut flips);
+        assert_eq!(flips, vec![(NodeId::from_u64(1), false)]);
+        assert!(r.serving("m").is_empty());
+        // An advance brings it back.
+        assert_eq!(
+            r.merge(Time::from_secs(7), rec(1, 1, Lifecycle::Serve, 2, &["m"]))
+                .routable,
+            Some(true)
+        );
+        // The local node never times out.
+        flips.clear();
+        r.sweep(Time::from_secs(100), &mut flips);
+        assert!(r.get(&NodeId::from_u64(0)).unwrap().is_alive());
+    }
+
+    #[test]
+    fn stale_versions_change_nothing() {
+        let mut r = replica();
+        r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 5, &["m"]));
+        assert_eq!(
+            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 99, &["x"])),
+            Merged::default()
+        );
+        assert_eq!(
+            r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 4, &["m"])),
+            Merged::default()
+        );
+        assert_eq!(r.get(&NodeId::from_u64(1)).unwrap().record().heartbeat, 5);
+    }
+
+    #[test]
+    fn model_changes_within_serve_move_the_host_index() {
+        let mut r = replica();
+        r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["a"]));
+        r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 2, &["a", "b"]));
+        assert_eq!(r.serving("b"), &[NodeId::from_u64(1)]);
+        // A new generation may withdraw a model.
+        r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 0, &["b"]));
+        assert!(r.serving("a").is_empty());
+        assert_eq!(r.serving("b"), &[NodeId::from_u64(1)]);
+    }
+}

@@ -1,0 +1,313 @@
+//! The wire format: a versioned envelope around postcard-encoded messages, bounded by
+//! construction.
+//!
+//! A datagram is `[WIRE_VERSION][postcard(Message)]` and never longer than [`MAX_DATAGRAM`]
+//! bytes. Senders build datagrams with a [`Builder`], which adds items one at a time and refuses
+//! the item that would not fit, so an oversized datagram cannot be produced; the caller carries
+//! the rest in the next datagram or the next round. [`decode`] never panics: empty, oversized,
+//! unknown-version, truncated, trailing or otherwise malformed input and records that break the
+//! limits are typed [`DecodeError`]s, and decoding touches no state.
+
+use crate::id::NodeId;
+use crate::record::{InvalidRecord, Record, Version};
+use bytes::Bytes;
+use core::marker::PhantomData;
+use serde::{Deserialize, Serialize};
+
+/// The largest datagram Tela sends or accepts, in bytes; fits one QUIC datagram on any path.
+pub const MAX_DATAGRAM: usize = 1100;
+/// Version byte leading every datagram. Bumped on any incompatible change.
+pub const WIRE_VERSION: u8 = 1;
+
+/// One line of a digest: which version of a node's record the sender holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DigestEntry {
+    /// The node.
+    pub id: NodeId,
+    /// The sender's version of its record.
+    pub version: Version,
+}
+
+/// A gossip message. Variant order is part of the wire format.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// The versions the sender holds for a window of its registry; the receiver answers with
+    /// records it has newer and asks for those it lacks.
+    Digest(Vec<DigestEntry>),
+    /// Full records to merge.
+    Records(Vec<Record>),
+    /// Ids whose records the sender wants.
+    Want(Vec<NodeId>),
+}
+
+/// Why a datagram was rejected. Decoding never affects state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A zero-length datagram.
+    #[error("empty datagram")]
+    Empty,
+    /// Longer than [`MAX_DATAGRAM`].
+    #[error("datagram of {0} bytes exceeds the {MAX_DATAGRAM}-byte limit")]
+    Oversized(usize),
+    /// A version this build does not speak.
+    #[error("wire version {0} not supported (this node speaks {WIRE_VERSION})")]
+    UnsupportedVersion(u8),
+    /// Truncated or not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(postcard::Error),
+    /// Bytes left after a complete message.
+    #[error("{0} trailing bytes after the message")]
+    TrailingBytes(usize),
+    /// A record breaks the wire limits.
+    #[error("invalid record: {0}")]
+    InvalidRecord(#[from] InvalidRecord),
+}
+
+/// Decodes one datagram.
+pub fn decode(datagram: &[u8]) -> Result<Message, DecodeError> {
+    let (&version, body) = datagram.split_first().ok_or(DecodeError::Empty)?;
+    if datagram.len() > MAX_DATAGRAM {
+        return Err(DecodeError::Oversized(datagram.len()));
+    }
+    if version != WIRE_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let (msg, rest) = postcard::take_from_bytes::<Message>(body).map_err(DecodeError::Malformed)?;
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes(rest.len()));
+    }
+    if let Message::Records(records) = &msg {
+        for r in records {
+            r.validate()?;
+        }
+    }
+    Ok(msg)
+}
+
+/// Items that a [`Builder`] can pack, each tied to its [`Message`] variant.
+pub trait WireItem: Serialize {
+    /// The postcard variant index of the message that carries a list of these.
+    const TAG: u8;
+}
+
+impl WireItem for DigestEntry {
+    const TAG: u8 = 0;
+}
+impl WireItem for Record {
+    const TAG: u8 = 1;
+}
+impl WireItem for NodeId {
+    const TAG: u8 = 2;
+}
+
+/// Packs items of one kind into a datagram of at most `limit` bytes.
+///
+/// Layout: version byte, variant tag, varint count, items — exactly postcard's encoding of the
+/// [`Message`], so [`decode`] reads it back.
+#[derive(Debug)]
+pub struct Builder<T: WireItem> {
+    limit: usize,
+    count: usize,
+    items: Vec<u8>,
+    _kind: PhantomData<fn(&T)>,
+}
+
+impl<T: WireItem> Builder<T> {
+    /// A builder for datagrams of at most `limit` bytes (clamped to 3..=[`MAX_DATAGRAM`]).
+    pub fn new(limit: usize) -> Builder<T> {
+        Builder {
+            limit: limit.clamp(3, MAX_DATAGRAM),
+            count: 0,
+            items: Vec::new(),
+            _kind: PhantomData,
+        }
+    }
+
+    /// Adds `item` if it fits; returns false (and changes nothing) if it does not.
+    pub fn push(&mut self, item: &T) -> bool {
+        let mut scratch = [0u8; MAX_DATAGRAM];
+        let Ok(encoded) = postcard::to_slice(item, &mut scratch) else {
+            return false;
+        };
+        let total = 2 + varint_len(self.count + 1) + self.items.len() + encoded.len();
+        if total > self.limit {
+            return false;
+        }
+        self.items.extend_from_slice(encoded);
+        self.count += 1;
+        true
+    }
+
+    /// Items added so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True when nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The datagram.
+    pub fn finish(self) -> Bytes {
+        let mut out = Vec::with_capacity(2 + varint_len(self.count) + self.items.len());
+        out.push(WIRE_VERSION);
+        out.push(T::TAG);
+        let mut n = self.count;
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        }
+        out.extend_from_slice(&self.items);
+        debug_assert!(out.len() <= self.limit);
+        Bytes::from(out)
+    }
+}
+
+fn varint_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
+/// Encodes a whole message without a size bound; for tests and tools, never for sending.
+pub fn encode_unbounded(msg: &Message) -> Vec<u8> {
+    let mut out = vec![WIRE_VERSION];
+    out.extend(postcard::to_allocvec(msg).unwrap_or_default());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::Hardware;
+    use crate::record::{
+        Lifecycle, Model, ModelSet, Reachability, Role, MAX_ADDR, MAX_MODELS, MAX_MODEL_NAME,
+    };
+    use proptest::prelude::*;
+
+    /// The largest record the limits allow.
+    fn largest_record() -> Record {
+        let mut r = Record::new(
+            NodeId([0xff; 16]),
+            u64::MAX,
+            Role::Gateway,
+            Hardware::from_profile("gh200x4").unwrap(),
+            Reachability::Public("a".repeat(MAX_ADDR)),
+        );
+        r.state = Lifecycle::Left;
+        r.heartbeat = u64::MAX;
+        r.load.in_flight = u32::MAX;
+        r.load.queued = u32::MAX;
+        r.hardware.vram_mib = u32::MAX;
+        r.hardware.fabric.0 = u32::MAX;
+        r.models = ModelSet::from_models(
+            (0..MAX_MODELS)
+                .map(|i| Model {
+                    name: format!("{i}").repeat(MAX_MODEL_NAME),
+                    quant: crate::record::Quantization::Gptq,
+                })
+                .collect(),
+        );
+        r
+    }
+
+    #[test]
+    fn any_valid_record_fits_one_datagram() {
+        let r = largest_record();
+        r.validate().unwrap();
+        let mut b = Builder::<Record>::new(MAX_DATAGRAM);
+        assert!(b.push(&r), "largest record must fit");
+        let d = b.finish();
+        assert!(d.len() <= MAX_DATAGRAM, "{} bytes", d.len());
+        assert_eq!(decode(&d).unwrap(), Message::Records(vec![r]));
+    }
+
+    #[test]
+    fn builder_fills_until_full_and_matches_postcard() {
+        let entry = DigestEntry {
+            id: NodeId::from_u64(9),
+            version: Version {
+                generation: 1_700_000_000_000,
+                state: Lifecycle::Serve,
+                heartbeat: 12345,
+            },
+        };
+        let mut b = Builder::<DigestEntry>::new(MAX_DATAGRAM);
+        while b.push(&entry) {}
+        let n = b.len();
+        assert!(n > 30, "only {n} digest entries fit");
+        let d = b.finish();
+        assert!(d.len() <= MAX_DATAGRAM);
+        assert_eq!(
+            &d[..],
+            &encode_unbounded(&Message::Digest(vec![entry; n]))[..]
+        );
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        assert_eq!(decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(
+            decode(&[WIRE_VERSION; MAX_DATAGRAM + 1]),
+            Err(DecodeError::Oversized(MAX_DATAGRAM + 1))
+        );
+        assert_eq!(decode(&[9, 0, 0]), Err(DecodeError::UnsupportedVersion(9)));
+        assert!(matches!(
+            decode(&[WIRE_VERSION, 7]),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut ok = encode_unbounded(&Message::Want(vec![NodeId::from_u64(1)]));
+        assert!(matches!(
+            decode(&ok[..ok.len() - 1]),
+            Err(DecodeError::Malformed(_))
+        ));
+        ok.push(0);
+        assert_eq!(decode(&ok), Err(DecodeError::TrailingBytes(1)));
+        let mut bad = Record::new(
+            NodeId::from_u64(1),
+            1,
+            Role::Serving,
+            Hardware::CPU,
+            Reachability::OutboundOnly,
+        );
+        bad.reach = Reachability::Public("x".repeat(MAX_ADDR + 1));
+        assert!(matches!(
+            decode(&encode_unbounded(&Message::Records(vec![bad]))),
+            Err(DecodeError::InvalidRecord(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..1200)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_on_mutated_valid_input(flips in prop::collection::vec((0usize..400, any::<u8>()), 1..8)) {
+            let mut d = encode_unbounded(&Message::Records(vec![largest_record()]));
+            d.truncate(400);
+            for (i, b) in flips { if i < d.len() { d[i] = b; } }
+            let _ = decode(&d);
+        }
+
+        #[test]
+        fn builder_output_always_decodes_within_the_limit(limit in 8usize..1200, n in 0usize..60) {
+            let mut b = Builder::<NodeId>::new(limit);
+            for i in 0..n { b.push(&NodeId::from_u64(i as u64)); }
+            let k = b.len();
+            let d = b.finish();
+            prop_assert!(d.len() <= limit.min(MAX_DATAGRAM));
+            prop_assert_eq!(decode(&d).unwrap(), Message::Want((0..k as u64).map(NodeId::from_u64).collect()));
+        }
+    }
+}
