@@ -21,9 +21,10 @@ use std::sync::Arc;
 pub struct Config {
     /// This node's identity.
     pub id: NodeId,
-    /// The generation to start in. Runtimes pass something that grows across restarts (the
-    /// wall-clock milliseconds at start); if the federation still holds a record of this node
-    /// with a generation at least as high, the node moves past it by itself.
+    /// The generation to start in; every new process of the same node must start higher than
+    /// the last (runtimes use the wall-clock milliseconds at start). Should the federation still
+    /// hold a record from an earlier process that this one does not supersede, the node moves
+    /// to a generation above it by itself.
     pub generation: u64,
     /// What the node does.
     pub role: Role,

@@ -1,0 +1,75 @@
+//! Helpers shared by the harness tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+use tela_core::harness::Harness;
+use tela_core::{Config, Input, Lifecycle, Model, NodeId, Reachability, Record, Role};
+
+pub fn id(n: u64) -> NodeId {
+    NodeId::from_u64(n)
+}
+
+/// A public node `n` with test-friendly timings.
+pub fn public(n: u64) -> Config {
+    let mut c = Config::new(id(n), 100);
+    c.reach = Reachability::Public(format!("10.0.0.{n}:7000"));
+    c.rng_seed = n * 7919;
+    c
+}
+
+/// An outbound-only serving node `n`.
+pub fn outbound(n: u64) -> Config {
+    let mut c = public(n);
+    c.reach = Reachability::OutboundOnly;
+    c
+}
+
+/// A gateway (public anchor) `n`.
+pub fn gateway(n: u64) -> Config {
+    let mut c = public(n);
+    c.role = Role::Gateway;
+    c
+}
+
+pub fn serve(h: &mut Harness, n: u64, models: &[&str]) {
+    h.input(
+        id(n),
+        Input::EngineReady {
+            models: models.iter().map(|m| Model::named(*m)).collect(),
+        },
+    );
+}
+
+/// What every replica must agree on: records without the ever-moving heartbeat and load.
+pub fn view(h: &Harness, of: NodeId) -> Vec<(NodeId, u64, Lifecycle, Vec<Model>)> {
+    h.node(of)
+        .replica()
+        .sorted_records()
+        .iter()
+        .map(|r: &std::sync::Arc<Record>| {
+            (r.id, r.generation, r.state, r.models.as_slice().to_vec())
+        })
+        .collect()
+}
+
+/// True when all running nodes hold the same view.
+pub fn views_agree(h: &Harness) -> bool {
+    let mut ids = h.running();
+    let Some(first) = ids.next() else { return true };
+    let v = view(h, first);
+    ids.all(|n| view(h, n) == v)
+}
+
+/// The state every running replica holds for `of`, if all agree.
+pub fn agreed_state(h: &Harness, of: NodeId) -> Option<(u64, Lifecycle)> {
+    let mut states = h.running().filter(|n| *n != of).map(|n| {
+        h.node(n)
+            .replica()
+            .get(&of)
+            .map(|s| (s.record().generation, s.record().state))
+    });
+    let first = states.next()??;
+    states.all(|s| s == Some(first)).then_some(first)
+}
+
+pub const LONG: Duration = Duration::from_secs(60);

@@ -1,0 +1,142 @@
+//! Replicas converge under loss: every node ends up with the same registry and the same
+//! routing view.
+
+mod common;
+use common::*;
+use std::time::Duration;
+use tela_core::harness::Harness;
+
+fn converge(n: u64, seed: u64, loss: f64) {
+    let mut h = Harness::new(seed);
+    h.set_loss(loss);
+    h.set_latency(Duration::from_millis(5));
+    for i in 1..=n {
+        h.add(public(i));
+    }
+    // Nobody knows anybody: every node dialled node 1, as nodes dial a gateway.
+    for i in 2..=n {
+        h.connect(id(1), id(i));
+    }
+    for i in 2..=n {
+        serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
+    }
+    let ok = h.run_until(LONG, |h| {
+        views_agree(h) && h.running().all(|x| h.node(x).replica().len() == n as usize)
+    });
+    assert!(
+        ok,
+        "{n} nodes at {loss} loss did not converge within {LONG:?} (seed {seed})"
+    );
+    // Everyone routes to every serving node.
+    h.run_for(Duration::from_secs(2));
+    for x in h.running() {
+        let r = h.node(x).replica();
+        assert_eq!(
+            r.serving("llama").len() + r.serving("qwen").len(),
+            n as usize - 1,
+            "node {x}'s routing view"
+        );
+    }
+}
+
+#[test]
+fn three_nodes_converge_under_5_percent_loss() {
+    for seed in 0..5 {
+        converge(3, seed, 0.05);
+    }
+}
+
+#[test]
+fn ten_nodes_converge_under_5_percent_loss() {
+    for seed in 0..3 {
+        converge(10, seed, 0.05);
+    }
+}
+
+#[test]
+fn fifty_nodes_converge_under_5_percent_loss() {
+    converge(50, 11, 0.05);
+}
+
+#[test]
+fn replicas_become_identical_once_heartbeats_pause() {
+    // With heartbeats far apart the records stop moving, so replicas must be equal record for
+    // record, heartbeat and load included.
+    let mut h = Harness::new(3);
+    h.set_loss(0.05);
+    for i in 1..=20 {
+        let mut c = public(i);
+        c.heartbeat_interval = Duration::from_secs(3600);
+        c.dead_after = Duration::from_secs(7200);
+        h.add(c);
+    }
+    for i in 2..=20 {
+        h.connect(id(1), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    let identical = |h: &Harness| {
+        let first = h.node(id(1)).replica().sorted_records();
+        first.len() == 20
+            && h.running()
+                .all(|n| h.node(n).replica().sorted_records() == first)
+    };
+    assert!(
+        h.run_until(LONG, identical),
+        "replicas differ after {LONG:?}"
+    );
+}
+
+#[test]
+fn outbound_only_nodes_converge_through_gateways() {
+    let mut h = Harness::new(5);
+    h.set_loss(0.05);
+    h.add(gateway(1));
+    h.add(gateway(2));
+    h.connect(id(1), id(2));
+    for i in 3..=30 {
+        h.add(outbound(i));
+        h.connect(id(1), id(i));
+        h.connect(id(2), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    assert!(h.run_until(LONG, views_agree), "views differ");
+    h.run_for(Duration::from_secs(2));
+    for g in [id(1), id(2)] {
+        assert_eq!(
+            h.node(g).replica().serving("m").len(),
+            28,
+            "gateway {g} must route to all 28 nodes"
+        );
+    }
+}
+
+#[test]
+fn a_silently_killed_node_becomes_unroutable_everywhere() {
+    let mut h = Harness::new(9);
+    for i in 1..=10 {
+        h.add(public(i));
+    }
+    for i in 2..=10 {
+        h.connect(id(1), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h
+        .node(x)
+        .replica()
+        .serving("m")
+        .len()
+        == 9)));
+    h.kill(id(5));
+    let killed_at = h.now();
+    let gone = |h: &Harness| {
+        h.running()
+            .all(|x| !h.node(x).replica().serving("m").contains(&id(5)))
+    };
+    assert!(h.run_until(LONG, gone), "node 5 still routable somewhere");
+    let took = h.now() - killed_at;
+    let bound = tela_core::Config::new(id(0), 0).dead_after + Duration::from_secs(2);
+    assert!(
+        took <= bound,
+        "took {took:?} to stop routing to a dead node (bound {bound:?})"
+    );
+}

@@ -1,0 +1,104 @@
+//! A restarted node's new generation replaces the old record everywhere, and a node refutes
+//! a false DOWN by moving to a new generation.
+
+mod common;
+use common::*;
+use tela_core::harness::Harness;
+use tela_core::wire::{encode_unbounded, Message};
+use tela_core::{Input, Lifecycle};
+
+fn federation(n: u64, seed: u64) -> Harness {
+    let mut h = Harness::new(seed);
+    h.set_loss(0.05);
+    for i in 1..=n {
+        h.add(public(i));
+    }
+    for i in 2..=n {
+        h.connect(id(1), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    assert!(h.run_until(LONG, views_agree));
+    h
+}
+
+#[test]
+fn restarted_node_replaces_its_old_record_everywhere() {
+    let mut h = federation(10, 5);
+    let r = id(6);
+    let old = h.node(r).local_record().generation;
+    h.kill(r);
+    // Runtimes start each process in a higher generation (wall-clock milliseconds at start).
+    let mut c = public(6);
+    c.generation = old + 1;
+    h.add(c);
+    h.connect(id(1), r);
+    // The new incarnation serves a different model: the old one must vanish everywhere.
+    serve(&mut h, 6, &["other"]);
+    assert!(h.run_until(LONG, |h| agreed_state(h, r)
+        == Some((old + 1, Lifecycle::Serve))));
+    assert!(h.run_until(LONG, views_agree));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h
+        .node(x)
+        .replica()
+        .serving("other")
+        == [r])));
+    for x in h.running() {
+        assert!(
+            !h.node(x).replica().serving("m").contains(&r),
+            "node {x} still routes m to the old incarnation"
+        );
+    }
+}
+
+#[test]
+fn restart_with_a_stale_generation_moves_past_the_old_record() {
+    // The clock went backwards (or nothing was persisted): the new process starts in a
+    // generation below the one the federation remembers, and must climb above it by itself.
+    let mut h = federation(10, 7);
+    let r = id(6);
+    let old = h.node(r).local_record().generation;
+    h.kill(r);
+    let mut c = public(6);
+    c.generation = old - 50;
+    h.add(c);
+    h.connect(id(1), r);
+    serve(&mut h, 6, &["m"]);
+    assert!(h.run_until(LONG, |h| agreed_state(h, r)
+        .is_some_and(|(g, s)| g > old && s == Lifecycle::Serve)));
+    assert!(h.node(r).stats().new_generations >= 1);
+}
+
+#[test]
+fn a_false_down_is_refuted_with_a_new_generation() {
+    let mut h = federation(8, 6);
+    let victim = id(3);
+    let mut forged = (**h.node(victim).local_record()).clone();
+    forged.state = Lifecycle::Down;
+    let forged_gen = forged.generation;
+    // A peer (node 8) claims node 3 is DOWN in its current generation.
+    let payload = encode_unbounded(&Message::Records(vec![forged.clone()]));
+    for x in [id(1), id(2), victim] {
+        h.input(
+            x,
+            Input::Datagram {
+                from: id(8),
+                payload: payload.clone().into(),
+            },
+        );
+    }
+    assert_eq!(
+        h.node(id(1)).replica().get(&victim).unwrap().record().state,
+        Lifecycle::Down
+    );
+    // The victim refutes; everyone ends up routing to it again, in a newer generation.
+    assert!(h.node(victim).local_record().generation > forged_gen);
+    assert!(h.run_until(LONG, |h| agreed_state(h, victim)
+        .is_some_and(|(g, s)| g > forged_gen && s == Lifecycle::Serve)));
+    assert!(
+        h.run_until(LONG, |h| h.running().filter(|x| *x != victim).all(|x| h
+            .node(x)
+            .replica()
+            .serving("m")
+            .contains(&victim)))
+    );
+}
