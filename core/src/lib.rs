@@ -49,7 +49,7 @@
 //! ```
 //!
 //! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
-//! [`wire`] (datagrams), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
+//! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
 //! [`hardware`] (GPU catalog and profiles), and [`harness`] (a multi-node test bench, behind
 //! the `harness` feature).
 
@@ -63,6 +63,7 @@ pub mod node;
 pub mod pushpull;
 pub mod record;
 pub mod replica;
+pub mod routing;
 pub mod time;
 pub mod timer;
 pub mod wire;
@@ -78,5 +79,6 @@ pub use record::{
     Version,
 };
 pub use replica::Replica;
+pub use routing::{route, RouteError};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};

@@ -76,6 +76,16 @@ pub struct Replica {
     slots: Vec<Slot>,
     index: HashMap<NodeId, u32, FixedState>,
     hosts: HashMap<String, Vec<NodeId>, FixedState>,
+    view: u64,
+}
+
+/// Hash of what replicas must agree on about one record: identity, generation, state, models.
+/// Heartbeat and load move all the time and are left out.
+fn view_hash(r: &Record) -> u64 {
+    use core::hash::{BuildHasher, Hash, Hasher};
+    let mut h = FixedState::default().build_hasher();
+    (r.id, r.generation, r.state, &r.models).hash(&mut h);
+    h.finish()
 }
 
 impl Replica {
@@ -88,6 +98,7 @@ impl Replica {
             slots: Vec::new(),
             index: HashMap::with_hasher(FixedState::default()),
             hosts: HashMap::with_hasher(FixedState::default()),
+            view: 0,
         };
         r.merge(now, Arc::new(local));
         r
@@ -146,6 +157,7 @@ impl Replica {
         let Some(&i) = self.index.get(&incoming.id) else {
             let id = incoming.id;
             let alive = incoming.state < Lifecycle::Left;
+            self.view ^= view_hash(&incoming);
             let slot = Slot {
                 record: incoming,
                 last_advanced: now,
@@ -172,6 +184,11 @@ impl Replica {
             Arc::new(old.join(&incoming))
         };
         let advanced = merged.generation > old.generation || merged.heartbeat > old.heartbeat;
+        if (merged.generation, merged.state, &merged.models)
+            != (old.generation, old.state, &old.models)
+        {
+            self.view ^= view_hash(old) ^ view_hash(&merged);
+        }
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
         slot.changed_at = now;
@@ -248,6 +265,13 @@ impl Replica {
     pub fn set_local(&mut self, now: Time, record: Record) -> Merged {
         debug_assert_eq!(record.id, self.local);
         self.merge(now, Arc::new(record))
+    }
+
+    /// An order-independent hash of every record's id, generation, state and models: two
+    /// replicas that hold the same records (heartbeats and load aside) have the same view hash.
+    /// Kept up to date on every merge, so comparing replicas costs O(1).
+    pub fn view_hash(&self) -> u64 {
+        self.view
     }
 
     /// Every record, sorted by node id: the canonical content for comparing replicas.
@@ -336,6 +360,29 @@ mod tests {
         flips.clear();
         r.sweep(Time::from_secs(100), &mut flips);
         assert!(r.get(&NodeId::from_u64(0)).unwrap().is_alive());
+    }
+
+    #[test]
+    fn view_hash_is_order_independent_and_ignores_heartbeats() {
+        let a = [
+            rec(1, 1, Lifecycle::Serve, 1, &["m"]),
+            rec(2, 3, Lifecycle::Join, 0, &[]),
+            rec(1, 1, Lifecycle::Down, 0, &["m"]),
+        ];
+        let mut x = replica();
+        let mut y = replica();
+        for r in &a {
+            x.merge(Time::ZERO, r.clone());
+        }
+        for r in a.iter().rev() {
+            y.merge(Time::ZERO, r.clone());
+        }
+        assert_eq!(x.view_hash(), y.view_hash());
+        let before = x.view_hash();
+        x.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 9, &["m"]));
+        assert_eq!(x.view_hash(), before, "a heartbeat is not a view change");
+        x.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 9, &["m"]));
+        assert_ne!(x.view_hash(), before);
     }
 
     #[test]
