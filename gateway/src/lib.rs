@@ -1,0 +1,33 @@
+//! Tela's HTTP face and the home of the single `tela` binary.
+//!
+//! Each `tela` subcommand is a thin wrapper in `src/main.rs` around a module of this library, so
+//! that tests, the demo and other binaries can embed the same logic in one process:
+//!
+//! - [`engine_sim`] — `tela engine-sim`, the built-in **engine simulator**: an OpenAI-compatible
+//!   HTTP server that stands in for vLLM or llama.cpp in demos and tests. It generates
+//!   deterministic placeholder text from a fixed word list; it is not a model.
+//! - [`logging`] — the `tracing` subscriber every subcommand installs (`--log` or `RUST_LOG`).
+//! - [`signal`] — the Ctrl-C / SIGTERM future that stops a long-running subcommand gracefully.
+//!
+//! Start several simulated engines in one process and talk to them over loopback:
+//!
+//! ```no_run
+//! use tela_gateway::engine_sim::{self, EngineSimConfig};
+//!
+//! # async fn demo() -> Result<(), engine_sim::EngineSimError> {
+//! let mut config = EngineSimConfig::default();
+//! config.models = vec!["llama-3-8b".into()];
+//! let engine = engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await?;
+//! println!("engine at http://{}/v1", engine.local_addr());
+//! // ... send OpenAI requests to it ...
+//! println!("served {} requests", engine.stats().requests);
+//! engine.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod engine_sim;
+pub mod logging;
+pub mod signal;

@@ -1,0 +1,38 @@
+//! `tela`: the single binary of a Tela federation. Each subcommand is a thin wrapper around a
+//! module of the `tela_gateway` library; add one by adding a variant to [`Command`] and an arm
+//! to the `match` in `main`.
+#![forbid(unsafe_code)]
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tela_gateway::engine_sim::EngineSimArgs;
+
+/// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
+/// OpenAI-compatible endpoint.
+#[derive(Debug, Parser)]
+#[command(name = "tela", version, propagate_version = true)]
+struct Cli {
+    /// Log level or filter (e.g. `info`, `debug`, `tela_gateway=debug,info`); overrides
+    /// RUST_LOG. Logs go to stderr.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    // Help text comes from each argument struct's doc comment.
+    EngineSim(EngineSimArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tela_gateway::logging::init(cli.log.as_deref())?;
+    match cli.command {
+        Command::EngineSim(args) => args.run().await.context("tela engine-sim")?,
+    }
+    Ok(())
+}
