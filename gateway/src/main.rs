@@ -6,6 +6,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tela_gateway::engine_sim::EngineSimArgs;
+use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, control::StatusArgs, gpu::HardwareArgs, node::NodeArgs};
 
 /// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
 /// OpenAI-compatible endpoint.
@@ -25,6 +26,11 @@ struct Cli {
 enum Command {
     // Help text comes from each argument struct's doc comment.
     EngineSim(EngineSimArgs),
+    Node(Box<NodeArgs>),
+    Anchor(AnchorArgs),
+    Drain(DrainArgs),
+    Status(StatusArgs),
+    Hardware(HardwareArgs),
 }
 
 #[tokio::main]
@@ -33,6 +39,14 @@ async fn main() -> anyhow::Result<()> {
     tela_gateway::logging::init(cli.log.as_deref())?;
     match cli.command {
         Command::EngineSim(args) => args.run().await.context("tela engine-sim")?,
+        Command::Node(args) => match args.run().await.context("tela node")? {
+            0 => {}
+            code => std::process::exit(code),
+        },
+        Command::Anchor(args) => args.run().await.context("tela anchor")?,
+        Command::Drain(args) => args.run().await.context("tela drain")?,
+        Command::Status(args) => args.run().await.context("tela status")?,
+        Command::Hardware(args) => args.run().context("tela hardware")?,
     }
     Ok(())
 }

@@ -1,0 +1,173 @@
+//! The engine next to a serving node: probing its readiness, launching and supervising it.
+//!
+//! [`supervise`] is the one task that decides what the core hears about the engine:
+//!
+//! - it probes [`Backend::probe`] every `probe_interval`; the first success feeds
+//!   `EngineReady` with the models from `/v1/models` (or the `--models` override), and so
+//!   does any later change of the model list;
+//! - `failures_before_down` consecutive failures of a ready engine, or the launched process
+//!   exiting, feed `EngineFailed` with a log line naming the backend and the error;
+//! - a launched engine that exited is started again with backoff; once it answers again the
+//!   core starts a new generation (a DOWN record cannot come back within its generation);
+//! - when the core asks to stop the engine (the node has LEFT) it stops a launched engine
+//!   with SIGTERM, then SIGKILL after the grace, and ends.
+
+mod backend;
+mod process;
+
+pub use backend::{
+    error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ProbeError,
+};
+pub use process::EngineProcess;
+
+use crate::backoff::Backoff;
+use crate::runtime::LocalInputs;
+use std::time::Duration;
+use tela_core::Model;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How [`supervise`] watches the engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The command to launch (`sh -c`), or `None` to attach to a running engine.
+    pub command: Option<String>,
+    /// Time between probes.
+    pub probe_interval: Duration,
+    /// The longest one probe may take.
+    pub probe_timeout: Duration,
+    /// Consecutive failed probes before a ready engine counts as failed.
+    pub failures_before_down: u32,
+    /// Announce these model names instead of those from `/v1/models`.
+    pub models_override: Option<Vec<String>>,
+    /// Between SIGTERM and SIGKILL when stopping a launched engine.
+    pub stop_grace: Duration,
+    /// First delay before relaunching an engine that exited (doubling up to a minute).
+    pub restart_delay: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            command: None,
+            probe_interval: Duration::from_secs(2),
+            probe_timeout: Duration::from_secs(5),
+            failures_before_down: 3,
+            models_override: None,
+            stop_grace: Duration::from_secs(15),
+            restart_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Probes (and, with a command, launches and relaunches) the engine and tells the core;
+/// returns once `stop` is cancelled and a launched engine has been stopped.
+pub async fn supervise(backend: Backend, config: EngineConfig, inputs: LocalInputs, stop: CancellationToken) {
+    let mut process: Option<EngineProcess> = None;
+    let mut relaunch_at = Some(Instant::now());
+    let mut restarts = Backoff::new(config.restart_delay, Duration::from_secs(60));
+    let mut ready: Option<Vec<Model>> = None;
+    let mut failures = 0u32;
+    let mut waiting_logged = 0u32;
+    let mut probe = tokio::time::interval(config.probe_interval);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if config.command.is_none() {
+        relaunch_at = None;
+        tracing::info!("attaching to the engine at {}", backend.url());
+    }
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => {
+                if let Some(p) = process.take() {
+                    tracing::info!("stopping the engine (pid {})", p.pid().unwrap_or(0));
+                    p.stop(config.stop_grace).await;
+                }
+                return;
+            }
+            status = wait_exit(&mut process) => {
+                let pid = process.as_ref().and_then(EngineProcess::pid).unwrap_or(0);
+                process = None;
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                let delay = restarts.next_delay();
+                tracing::error!(
+                    "the engine process (pid {pid}) exited ({status}); the node is DOWN until it answers again — relaunching in {delay:?}"
+                );
+                ready = None;
+                failures = 0;
+                let _ = inputs.engine_failed().await;
+                relaunch_at = Some(Instant::now() + delay);
+            }
+            () = sleep_until(relaunch_at), if process.is_none() && relaunch_at.is_some() => {
+                relaunch_at = None;
+                if let Some(cmd) = &config.command {
+                    match EngineProcess::spawn(cmd) {
+                        Ok(p) => process = Some(p),
+                        Err(e) => {
+                            let delay = restarts.next_delay();
+                            tracing::error!("cannot launch the engine `{cmd}`: {e} — retrying in {delay:?}");
+                            relaunch_at = Some(Instant::now() + delay);
+                        }
+                    }
+                }
+            }
+            _ = probe.tick() => {
+                if config.command.is_some() && process.is_none() {
+                    continue; // nothing to probe until it is relaunched
+                }
+                match backend.probe(config.probe_timeout).await {
+                    Ok(found) => {
+                        failures = 0;
+                        let models = match &config.models_override {
+                            Some(names) => names.iter().map(|n| Model { name: n.clone(), quant: guess_quantization(n) }).collect(),
+                            None => found,
+                        };
+                        if ready.as_ref() != Some(&models) {
+                            let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                            tracing::info!("the engine at {} is ready, serving {}", backend.url(), names.join(", "));
+                            if config.command.is_some() {
+                                restarts.reset();
+                            }
+                            let _ = inputs.engine_ready(models.clone()).await;
+                            ready = Some(models);
+                        }
+                        waiting_logged = 0;
+                    }
+                    Err(e) if ready.is_some() => {
+                        failures += 1;
+                        if failures >= config.failures_before_down {
+                            tracing::error!(
+                                "the engine at {} failed {failures} probes in a row ({e}); the node is DOWN until it answers again",
+                                backend.url()
+                            );
+                            ready = None;
+                            let _ = inputs.engine_failed().await;
+                        } else {
+                            tracing::warn!("probe {failures} of the engine at {} failed: {e}", backend.url());
+                        }
+                    }
+                    Err(e) => {
+                        // Not ready yet (loading weights) or never was: say so now and then.
+                        if waiting_logged % 15 == 0 {
+                            tracing::info!("waiting for the engine at {}: {e}", backend.url());
+                        }
+                        waiting_logged += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn wait_exit(process: &mut Option<EngineProcess>) -> std::io::Result<std::process::ExitStatus> {
+    match process {
+        Some(p) => p.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,273 @@
+//! Serving tunnelled requests: a gateway opens a stream on the connection this node dialled,
+//! writes a [`RequestHead`] and the body; the node forwards it to the engine on loopback and
+//! streams the response back as it arrives.
+//!
+//! - **No buffering**: each body frame from the engine is written and flushed to the stream
+//!   as soon as it arrives, so server-sent events flow token by token; the request body is
+//!   streamed to the engine the same way.
+//! - **Idle timeouts, not total ones**: the engine may take as long as it likes overall (a
+//!   long generation), but a silence longer than [`ForwardConfig::idle_timeout`] before the
+//!   response head or between two frames ends the request.
+//! - **Load**: every forwarded request counts in [`InFlight`](crate::inflight::InFlight)
+//!   from head to last byte, which the driver reports to the core (a drain ends when it
+//!   reaches zero).
+//! - **Lifecycle**: a node that is not SERVE (still joining, draining, failed, left)
+//!   answers new streams with `503` and an OpenAI-shaped error, before touching the engine,
+//!   so that the gateway retries on another node at once.
+//! - Errors before the response head become OpenAI-shaped `502`/`504` answers; an error after
+//!   it ends the stream early (the gateway turns that into an SSE error event).
+
+use crate::engine::{error_chain, Backend, EngineBody};
+use crate::runtime::{IncomingStream, StreamHandler};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use std::sync::Arc;
+use std::time::Duration;
+use tela_core::Lifecycle;
+use tela_transports::tunnel::{read_request_head, write_response_head, RequestHead, ResponseHead, TunnelError};
+use tela_transports::SendStream;
+use tokio::io::AsyncWriteExt;
+use tokio_util::io::ReaderStream;
+
+/// How tunnelled requests are forwarded.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardConfig {
+    /// The longest silence from the engine (before the head, or between body frames).
+    pub idle_timeout: Duration,
+    /// The longest a gateway may take to send the request head after opening the stream.
+    pub head_timeout: Duration,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        ForwardConfig { idle_timeout: Duration::from_secs(300), head_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// Headers that describe one HTTP hop, not the message: never forwarded (the tunnel frames
+/// bodies itself, and the engine connection has its own `Host`).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// The response header naming the node that served a request.
+pub const NODE_HEADER: &str = "x-tela-node";
+
+/// A [`StreamHandler`] that forwards every tunnelled request to `backend`.
+pub fn tunnel_handler(backend: Backend, config: ForwardConfig) -> StreamHandler {
+    let backend = Arc::new(backend);
+    Arc::new(move |incoming: IncomingStream| {
+        let backend = backend.clone();
+        Box::pin(async move { serve(incoming, &backend, config).await })
+    })
+}
+
+async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfig) {
+    let IncomingStream { peer, mut send, mut recv, view } = incoming;
+    let head = match tokio::time::timeout(config.head_timeout, read_request_head(&mut recv)).await {
+        Ok(Ok(head)) => head,
+        Ok(Err(TunnelError::Closed)) => return,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, "bad tunnelled request from {peer}: {e}");
+            let _ = respond_error(
+                &mut send,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad_tunnel_head",
+                &e.to_string(),
+                view.node_id(),
+            )
+            .await;
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "{peer} opened a stream but sent no request head within {:?}", config.head_timeout);
+            return;
+        }
+    };
+    // Count first, then look at the state: a drain that starts in between still sees this
+    // request, so it cannot reach LEFT while the request goes to the engine.
+    let _in_flight = view.in_flight().enter();
+    let state = view.snapshot().state();
+    if state != Lifecycle::Serve {
+        let message =
+            format!("node {} is {} and takes no new requests; retry on another node", view.node_id(), state.as_str());
+        let _ = respond_error(
+            &mut send,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "node_unavailable",
+            &message,
+            view.node_id(),
+        )
+        .await;
+        return;
+    }
+    let method = head.method.clone();
+    let path = head.path_and_query.clone();
+    let request = match build_request(backend, head, recv) {
+        Ok(r) => r,
+        Err(message) => {
+            let _ = respond_error(
+                &mut send,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad_request",
+                &message,
+                view.node_id(),
+            )
+            .await;
+            return;
+        }
+    };
+    let response = match tokio::time::timeout(config.idle_timeout, backend.client().request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let detail = error_chain(&e);
+            tracing::warn!("{method} {path}: the engine at {} failed: {detail}", backend.url());
+            let _ = respond_error(
+                &mut send,
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "engine_unavailable",
+                &format!("the engine behind node {} failed: {detail}", view.node_id()),
+                view.node_id(),
+            )
+            .await;
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("{method} {path}: no response head from the engine within {:?}", config.idle_timeout);
+            let _ = respond_error(
+                &mut send,
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                "engine_timeout",
+                &format!("the engine behind node {} did not answer within {:?}", view.node_id(), config.idle_timeout),
+                view.node_id(),
+            )
+            .await;
+            return;
+        }
+    };
+    let (parts, mut body) = response.into_parts();
+    let mut headers: Vec<(String, Vec<u8>)> = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| !HOP_BY_HOP.contains(&name.as_str()))
+        .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+        .collect();
+    headers.push((NODE_HEADER.into(), view.node_id().to_string().into_bytes()));
+    let head = ResponseHead { status: parts.status.as_u16(), headers };
+    if write_response_head(&mut send, &head).await.is_err() {
+        return; // the gateway went away
+    }
+    let mut bytes = 0u64;
+    loop {
+        let frame = match tokio::time::timeout(config.idle_timeout, body.frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                tracing::warn!("{method} {path}: the engine's response broke after {bytes} bytes: {}", error_chain(&e));
+                return; // ends the stream without a clean finish of the body
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "{method} {path}: the engine sent nothing for {:?} after {bytes} bytes; ending the response",
+                    config.idle_timeout
+                );
+                return;
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            bytes += data.len() as u64;
+            if send.write_all(&data).await.is_err() || send.flush().await.is_err() {
+                // The client or gateway went away; dropping the engine response closes its
+                // connection, which stops the generation.
+                tracing::debug!("{method} {path}: the gateway stopped reading after {bytes} bytes");
+                return;
+            }
+        }
+    }
+    let _ = send.shutdown().await;
+}
+
+fn build_request(
+    backend: &Backend,
+    head: RequestHead,
+    recv: tela_transports::RecvStream,
+) -> Result<Request<EngineBody>, String> {
+    let method = Method::from_bytes(head.method.as_bytes()).map_err(|_| format!("invalid method '{}'", head.method))?;
+    let uri =
+        backend.uri_for(&head.path_and_query).map_err(|e| format!("invalid path '{}': {e}", head.path_and_query))?;
+    let mut builder = Request::builder().method(method).uri(uri);
+    for (name, value) in head.headers {
+        if HOP_BY_HOP.contains(&name.to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name '{name}'"))?;
+        let value = HeaderValue::from_bytes(&value).map_err(|_| format!("invalid value for header '{name}'"))?;
+        builder = builder.header(name, value);
+    }
+    let frames = ReaderStream::new(recv).map_ok(Frame::data).map_err(|e| -> crate::engine::BodyError { Box::new(e) });
+    let body = StreamBody::new(frames).boxed();
+    builder.body(body).map_err(|e| e.to_string())
+}
+
+/// Answers with an OpenAI-shaped error and finishes the stream.
+async fn respond_error(
+    send: &mut SendStream,
+    status: StatusCode,
+    kind: &str,
+    code: &str,
+    message: &str,
+    node: tela_core::NodeId,
+) -> Result<(), TunnelError> {
+    let body = error_body(message, kind, code);
+    let head = ResponseHead {
+        status: status.as_u16(),
+        headers: vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("content-length".into(), body.len().to_string().into_bytes()),
+            (NODE_HEADER.into(), node.to_string().into_bytes()),
+        ],
+    };
+    write_response_head(send, &head).await?;
+    send.write_all(&body).await?;
+    send.shutdown().await?;
+    Ok(())
+}
+
+/// `{"error":{"message","type","param","code"}}`, as OpenAI's API answers errors.
+pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
+    let v = serde_json::json!({
+        "error": {"message": message, "type": kind, "param": null, "code": code}
+    });
+    Bytes::from(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_have_the_openai_shape() {
+        let b = error_body("node x is DOWN", "server_error", "node_unavailable");
+        let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+        assert_eq!(v["error"]["code"], "node_unavailable");
+        assert_eq!(v["error"]["type"], "server_error");
+        assert!(v["error"]["param"].is_null());
+    }
+}

@@ -1,0 +1,437 @@
+//! `tela node`'s settings: flags, `TELA_*` environment variables, a TOML file and defaults,
+//! in that order of precedence, checked into [`NodeSettings`] with errors that say what to fix.
+
+use crate::control::default_control_path;
+use crate::identity::{read_secret, SecretError};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tela_core::hardware::ProfileError;
+use tela_core::record::{MAX_MODELS, MAX_MODEL_NAME};
+use tela_core::Hardware;
+use tela_transports::{JoinSecret, TransportMode};
+
+const AFTER_HELP: &str = "\
+SETTINGS
+  Every flag has a TELA_* environment variable (shown with each flag) and a key of the same
+  name with underscores in the --config TOML file (join = [\"gw:7000\"], drain_window = \"10m\").
+  Flags win over the environment, which wins over the file, which wins over the defaults.
+
+LIFECYCLE
+  JOIN at start; SERVE once the engine answers GET /health (or, where there is none, as on the
+  llama.cpp server, GET /v1/models) and its models are known; DOWN when draining or when the
+  engine fails; LEFT when in-flight requests are done (or the drain window has passed); then
+  the engine is stopped (if the node launched it) and the process exits 0.
+
+  Draining starts on SIGTERM, SIGUSR1, Ctrl-C, `tela drain`, or one drain window before the
+  walltime: --walltime, else inside a Slurm job the job's remaining time (SLURM_JOB_END_TIME,
+  squeue, scontrol).
+
+SLURM
+  Start the engine and `tela node` in one batch job and have Slurm warn the batch shell
+  before the time limit, at least a drain window ahead:
+
+      #SBATCH --time=04:00:00
+      #SBATCH --signal=B:USR1@960          # 16 min: the 15 min drain window + slack
+      tela node --join gw.example.org:7000 \\
+          --engine-cmd 'vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000' &
+      wait
+
+  With `B:` the signal goes to the batch shell only: run `tela node` in it (not under srun)
+  or forward the signal with a trap. Slurm checks limits every 30 s, so signals come up to
+  ~30 s late. The node needs no inbound port and no root: it dials out over QUIC, or
+  TCP+TLS where UDP is blocked (--transport tcp, or auto).
+
+  A complete example: runtime-tokio/examples/slurm-node.sbatch in the Tela repository.";
+
+/// Run a serving node next to an inference engine: it probes (or launches) the engine, dials
+/// out to the federation's gateways and anchors, announces its models and GPUs, serves the
+/// requests they tunnel to it, and drains before its walltime.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct NodeArgs {
+    /// TOML file with settings (flags and TELA_* variables override it).
+    #[arg(long, env = "TELA_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// A gateway or anchor to dial (host:port); repeat for several.
+    #[arg(long, env = "TELA_JOIN", value_delimiter = ',', value_name = "HOST:PORT")]
+    pub join: Vec<String>,
+
+    /// The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file: command
+    /// lines are visible to other users).
+    #[arg(long, env = "TELA_JOIN_SECRET", hide_env_values = true, value_name = "SECRET")]
+    pub join_secret: Option<String>,
+
+    /// Read the join secret from this file (first line).
+    #[arg(long, env = "TELA_JOIN_SECRET_FILE", value_name = "PATH")]
+    pub join_secret_file: Option<PathBuf>,
+
+    /// Transport to the gateways: QUIC, TCP+TLS, or QUIC falling back to TCP [default: auto].
+    #[arg(long, env = "TELA_TRANSPORT", value_name = "auto|quic|tcp")]
+    pub transport: Option<String>,
+
+    /// Identity key file, created on first run [default: <config dir>/tela/identity.key].
+    #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
+    pub identity: Option<PathBuf>,
+
+    /// The engine's OpenAI-compatible base URL [default: http://127.0.0.1:8000].
+    #[arg(long, env = "TELA_BACKEND_URL", value_name = "URL")]
+    pub backend_url: Option<String>,
+
+    /// Launch the engine with this shell command and supervise it (stopped when the node
+    /// leaves; relaunched if it dies). Without it, the node attaches to --backend-url.
+    #[arg(long, env = "TELA_ENGINE_CMD", value_name = "COMMAND")]
+    pub engine_cmd: Option<String>,
+
+    /// How long before the walltime draining starts, and the longest a drain may take
+    /// (e.g. 15m, 90s) [default: 15m].
+    #[arg(long, env = "TELA_DRAIN_WINDOW", value_name = "DURATION")]
+    pub drain_window: Option<String>,
+
+    /// Time until the allocation ends (e.g. 2h, 3h30m); inside a Slurm job it is read from
+    /// Slurm when not given.
+    #[arg(long, env = "TELA_WALLTIME", value_name = "DURATION")]
+    pub walltime: Option<String>,
+
+    /// Hardware to announce when no NVIDIA driver is found: cpu, gh200x4, a100-80x2,
+    /// rtx4090, ... [default: cpu].
+    #[arg(long, env = "TELA_HARDWARE_PROFILE", value_name = "PROFILE")]
+    pub hardware_profile: Option<String>,
+
+    /// Announce these model names instead of the engine's /v1/models (comma-separated).
+    #[arg(long, env = "TELA_MODELS", value_delimiter = ',', value_name = "NAME")]
+    pub models: Vec<String>,
+
+    /// Local control socket for `tela drain` and `tela status`
+    /// [default: $XDG_RUNTIME_DIR/tela/node[-$SLURM_JOB_ID].sock].
+    #[arg(long, env = "TELA_CONTROL", value_name = "PATH")]
+    pub control: Option<PathBuf>,
+
+    /// Time between engine health probes [default: 2s].
+    #[arg(long, env = "TELA_PROBE_INTERVAL", value_name = "DURATION")]
+    pub probe_interval: Option<String>,
+
+    /// End a tunnelled request when the engine sends nothing for this long (there is no
+    /// limit on a request's total time) [default: 5m].
+    #[arg(long, env = "TELA_STREAM_IDLE_TIMEOUT", value_name = "DURATION")]
+    pub stream_idle_timeout: Option<String>,
+
+    /// Between SIGTERM and SIGKILL when stopping a launched engine [default: 15s].
+    #[arg(long, env = "TELA_ENGINE_STOP_GRACE", value_name = "DURATION")]
+    pub engine_stop_grace: Option<String>,
+
+    /// Print the hardware this node would announce (GPU discovery or the profile) and exit.
+    #[arg(long)]
+    pub print_hardware: bool,
+}
+
+/// The `--config` file: the same settings as the flags, with underscores.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    join: Option<Vec<String>>,
+    join_secret: Option<String>,
+    join_secret_file: Option<PathBuf>,
+    transport: Option<String>,
+    identity: Option<PathBuf>,
+    backend_url: Option<String>,
+    engine_cmd: Option<String>,
+    drain_window: Option<String>,
+    walltime: Option<String>,
+    hardware_profile: Option<String>,
+    models: Option<Vec<String>>,
+    control: Option<PathBuf>,
+    probe_interval: Option<String>,
+    stream_idle_timeout: Option<String>,
+    engine_stop_grace: Option<String>,
+}
+
+/// Settings checked and with defaults applied.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// Gateways and anchors to dial.
+    pub join: Vec<String>,
+    /// The federation's secret.
+    pub join_secret: JoinSecret,
+    /// Transport for dials.
+    pub transport: TransportMode,
+    /// Identity key file (`None`: the default location).
+    pub identity: Option<PathBuf>,
+    /// The engine's base URL.
+    pub backend_url: String,
+    /// The command that launches the engine, if the node launches it.
+    pub engine_cmd: Option<String>,
+    /// Drain window.
+    pub drain_window: Duration,
+    /// Time until the allocation ends, if given.
+    pub walltime: Option<Duration>,
+    /// Fallback hardware profile (validated).
+    pub hardware_profile: String,
+    /// Model names announced instead of the engine's.
+    pub models: Option<Vec<String>>,
+    /// Control socket.
+    pub control: PathBuf,
+    /// Probe interval.
+    pub probe_interval: Duration,
+    /// Stream idle timeout.
+    pub stream_idle_timeout: Duration,
+    /// Engine stop grace.
+    pub engine_stop_grace: Duration,
+}
+
+/// A setting is missing or wrong; the message says which and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeConfigError {
+    /// The config file could not be read.
+    #[error("cannot read the config file {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for these settings.
+    #[error("config file {path}: {detail}")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (names the key).
+        detail: String,
+    },
+    /// No join address.
+    #[error(
+        "no gateway to join: give at least one --join HOST:PORT (or TELA_JOIN, or join = [...] in the config file)"
+    )]
+    NoJoin,
+    /// A join address is not `host:port`.
+    #[error("--join '{0}' is not HOST:PORT (e.g. gw.example.org:7000 or 10.0.0.5:7000)")]
+    BadJoin(String),
+    /// The secret is missing or unusable.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// Unknown transport.
+    #[error("--transport '{0}' is not one of auto, quic, tcp")]
+    BadTransport(String),
+    /// A duration does not parse.
+    #[error("--{flag} '{value}' is not a duration ({detail}); use e.g. 90s, 15m, 2h, 1h30m")]
+    BadDuration {
+        /// The setting.
+        flag: &'static str,
+        /// What was given.
+        value: String,
+        /// The parser's complaint.
+        detail: String,
+    },
+    /// A duration that must be positive is zero.
+    #[error("--{0} must be longer than zero")]
+    ZeroDuration(&'static str),
+    /// Unknown hardware profile.
+    #[error("--hardware-profile: {0}")]
+    Profile(#[from] ProfileError),
+    /// A model override is unusable.
+    #[error("--models: {0}")]
+    BadModels(String),
+    /// The backend URL is unusable.
+    #[error(transparent)]
+    Backend(#[from] crate::engine::BackendUrlError),
+}
+
+impl NodeArgs {
+    /// Applies the config file (if any) and defaults, and checks everything.
+    pub fn resolve(&self) -> Result<NodeSettings, NodeConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let join = if self.join.is_empty() { file.join.unwrap_or_default() } else { self.join.clone() };
+        let join: Vec<String> = join.into_iter().map(|j| j.trim().to_string()).filter(|j| !j.is_empty()).collect();
+        if join.is_empty() {
+            return Err(NodeConfigError::NoJoin);
+        }
+        for j in &join {
+            check_join(j)?;
+        }
+        let (secret, secret_file) = match (&self.join_secret, &self.join_secret_file) {
+            (None, None) => (file.join_secret, file.join_secret_file),
+            (s, f) => (s.clone(), f.clone()),
+        };
+        let join_secret = read_secret(secret.as_deref(), secret_file.as_deref())?;
+        let transport = pick(&self.transport, file.transport).unwrap_or_else(|| "auto".into());
+        let transport: TransportMode =
+            transport.parse().map_err(|_| NodeConfigError::BadTransport(transport.clone()))?;
+        let backend_url = pick(&self.backend_url, file.backend_url).unwrap_or_else(|| "http://127.0.0.1:8000".into());
+        crate::engine::Backend::new(&backend_url)?;
+        let engine_cmd = pick(&self.engine_cmd, file.engine_cmd).filter(|c| !c.trim().is_empty());
+        let hardware_profile = pick(&self.hardware_profile, file.hardware_profile).unwrap_or_else(|| "cpu".into());
+        Hardware::from_profile(&hardware_profile)?;
+        let models = if self.models.is_empty() { file.models } else { Some(self.models.clone()) };
+        if let Some(models) = &models {
+            check_models(models)?;
+        }
+        let duration = |flag: &'static str, given: &Option<String>, from_file: Option<String>, default: &str| {
+            let value = pick(given, from_file).unwrap_or_else(|| default.to_string());
+            parse_duration(flag, &value)
+        };
+        let walltime = match pick(&self.walltime, file.walltime) {
+            Some(w) => Some(parse_duration("walltime", &w)?),
+            None => None,
+        };
+        Ok(NodeSettings {
+            join,
+            join_secret,
+            transport,
+            identity: pick(&self.identity, file.identity),
+            backend_url,
+            engine_cmd,
+            drain_window: duration("drain-window", &self.drain_window, file.drain_window, "15m")?,
+            walltime,
+            hardware_profile,
+            models: models.map(|m| m.into_iter().map(|s| s.trim().to_string()).collect()),
+            control: pick(&self.control, file.control).unwrap_or_else(default_control_path),
+            probe_interval: duration("probe-interval", &self.probe_interval, file.probe_interval, "2s")?,
+            stream_idle_timeout: duration(
+                "stream-idle-timeout",
+                &self.stream_idle_timeout,
+                file.stream_idle_timeout,
+                "5m",
+            )?,
+            engine_stop_grace: duration("engine-stop-grace", &self.engine_stop_grace, file.engine_stop_grace, "15s")?,
+        })
+    }
+}
+
+fn pick<T: Clone>(flag_or_env: &Option<T>, file: Option<T>) -> Option<T> {
+    flag_or_env.clone().or(file)
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, NodeConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| NodeConfigError::ReadFile { path: path.to_path_buf(), source })?;
+    toml::from_str(&text)
+        .map_err(|e| NodeConfigError::ParseFile { path: path.to_path_buf(), detail: e.to_string().trim().to_string() })
+}
+
+fn check_join(j: &str) -> Result<(), NodeConfigError> {
+    let bad = || NodeConfigError::BadJoin(j.to_string());
+    let (host, port) = j.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+fn check_models(models: &[String]) -> Result<(), NodeConfigError> {
+    if models.len() > MAX_MODELS {
+        return Err(NodeConfigError::BadModels(format!(
+            "{} names given; a node announces at most {MAX_MODELS}",
+            models.len()
+        )));
+    }
+    if let Some(m) = models.iter().find(|m| m.trim().is_empty() || m.trim().len() > MAX_MODEL_NAME) {
+        return Err(NodeConfigError::BadModels(format!("model name '{m:.40}' must be 1 to {MAX_MODEL_NAME} bytes")));
+    }
+    Ok(())
+}
+
+fn parse_duration(flag: &'static str, value: &str) -> Result<Duration, NodeConfigError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| NodeConfigError::BadDuration {
+        flag,
+        value: value.to_string(),
+        detail: e.to_string(),
+    })?;
+    if d.is_zero() {
+        return Err(NodeConfigError::ZeroDuration(flag));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::sync::Mutex;
+
+    /// Tests that parse arguments read the process environment; run them one at a time.
+    static ENV: Mutex<()> = Mutex::new(());
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        node: NodeArgs,
+    }
+
+    fn parse(args: &[&str]) -> NodeArgs {
+        let mut all = vec!["tela-node"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).expect("parses").node
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file_beat_defaults() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(
+            &file,
+            r#"
+join = ["file-gw:7000"]
+join_secret = "from-file"
+drain_window = "10m"
+probe_interval = "5s"
+transport = "tcp"
+"#,
+        )
+        .expect("write");
+        let path = file.to_str().expect("utf-8");
+        std::env::set_var("TELA_DRAIN_WINDOW", "20m");
+        std::env::set_var("TELA_PROBE_INTERVAL", "3s");
+        let args = parse(&["--config", path, "--drain-window", "30m"]);
+        std::env::remove_var("TELA_DRAIN_WINDOW");
+        std::env::remove_var("TELA_PROBE_INTERVAL");
+        let s = args.resolve().expect("valid");
+        assert_eq!(s.drain_window, Duration::from_secs(30 * 60), "flag over env");
+        assert_eq!(s.probe_interval, Duration::from_secs(3), "env over file");
+        assert_eq!(s.transport, TransportMode::Tcp, "file over default");
+        assert_eq!(s.join, vec!["file-gw:7000".to_string()]);
+        assert_eq!(s.stream_idle_timeout, Duration::from_secs(300), "default");
+        assert_eq!(s.backend_url, "http://127.0.0.1:8000");
+        assert!(s.walltime.is_none());
+    }
+
+    #[test]
+    fn mistakes_get_messages_that_say_what_to_do() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let err = |args: &[&str]| parse(args).resolve().unwrap_err().to_string();
+        assert!(err(&["--join-secret", "s"]).contains("--join HOST:PORT"));
+        assert!(err(&["--join", "gw"]).contains("not HOST:PORT"));
+        assert!(err(&["--join", "gw:7000"]).contains("TELA_JOIN_SECRET"));
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--drain-window", "soon"]);
+        assert!(e.contains("--drain-window 'soon'") && e.contains("15m"), "{e}");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--hardware-profile", "tpu"]);
+        assert!(e.contains("gh200"), "{e}");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--transport", "udp"]);
+        assert!(e.contains("auto, quic, tcp"), "{e}");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--backend-url", "https://x:1"]);
+        assert!(e.contains("http://"), "{e}");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--walltime", "0s"]);
+        assert!(e.contains("longer than zero"), "{e}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, "joinn = [\"x:1\"]\n").expect("write");
+        let e = err(&["--config", file.to_str().expect("utf-8")]);
+        assert!(e.contains("joinn"), "the unknown key is named: {e}");
+    }
+
+    #[test]
+    fn joins_accept_names_ips_and_ipv6() {
+        for ok in ["gw.example.org:7000", "10.0.0.5:7000", "[::1]:7000"] {
+            assert!(check_join(ok).is_ok(), "{ok}");
+        }
+        for bad in ["gw", ":7000", "gw:0", "gw:x", "http://gw:7000"] {
+            assert!(check_join(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `tela node`: a serving node next to an inference engine.
+//!
+//! [`run_node`] wires the pieces together and owns them until the node exits: the
+//! [`Runtime`] (driver, connections to the `--join` addresses), the engine supervisor
+//! ([`crate::engine::supervise`]), the tunnel handler ([`crate::forward`]), the control
+//! socket ([`crate::control`]), and the signals that drain it.
+
+mod config;
+
+pub use config::{NodeArgs, NodeConfigError, NodeSettings};
+
+use crate::clock::generation_now;
+use crate::control::{ControlServer, ControlSocketError};
+use crate::engine::{supervise, Backend, EngineConfig};
+use crate::forward::{tunnel_handler, ForwardConfig};
+use crate::gpu;
+use crate::identity::load_identity;
+use crate::runtime::{Exit, Runtime, RuntimeConfig};
+use crate::signals::{NodeSignal, NodeSignals};
+use crate::walltime::{slurm_time_left, WalltimeSource};
+use std::time::Duration;
+use tela_core::hardware::ProfileError;
+use tela_core::{Config, Reachability, Role};
+use tela_transports::{Endpoint, EndpointConfig, EndpointError, IdentityError};
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+/// Why `tela node` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A setting is missing or wrong.
+    #[error(transparent)]
+    Config(#[from] NodeConfigError),
+    /// The identity key could not be loaded or created.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The hardware profile is unknown.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    /// The dialling endpoint could not be set up.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The control socket could not be opened.
+    #[error(transparent)]
+    Control(#[from] ControlSocketError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Exit status when a second Ctrl-C stopped the node without finishing its drain.
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+impl NodeArgs {
+    /// Runs the node until it has left; returns the process exit status (0 after a drain).
+    pub async fn run(self) -> Result<i32, NodeError> {
+        let settings = self.resolve()?;
+        if self.print_hardware {
+            print!("{}", gpu::discover(&settings.hardware_profile)?);
+            return Ok(0);
+        }
+        run_node(settings).await
+    }
+}
+
+/// Runs a node with checked settings; see the module docs.
+pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
+    // First, so that a signal arriving during start-up already drains instead of killing.
+    let mut signals = NodeSignals::install().map_err(NodeError::Signals)?;
+    let identity = load_identity(settings.identity.as_deref(), "identity.key")?;
+    let discovery = gpu::discover(&settings.hardware_profile)?;
+    tracing::info!("{}", discovery.to_string().trim_end().replace('\n', "; "));
+    let backend = Backend::new(&settings.backend_url).map_err(NodeConfigError::from)?;
+
+    let mut core = Config::new(identity.node_id(), generation_now());
+    core.role = Role::Serving;
+    core.reach = Reachability::OutboundOnly;
+    core.hardware = discovery.hardware.clone();
+    core.drain_window = settings.drain_window;
+    let mut config = RuntimeConfig::new(core);
+    config.join = settings.join.clone();
+    config.transport = settings.transport;
+
+    let endpoint = Endpoint::dialer(EndpointConfig::new(identity, settings.join_secret.clone()))?;
+    let forward = ForwardConfig { idle_timeout: settings.stream_idle_timeout, ..ForwardConfig::default() };
+    let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward));
+    tracing::info!(
+        "joining via {} over {}; engine at {}",
+        settings.join.join(", "),
+        settings.transport,
+        settings.backend_url
+    );
+    let _control = ControlServer::start(&settings.control, &runtime)?;
+    let inputs = runtime.inputs();
+
+    match walltime(&settings).await {
+        Some((left, source)) => {
+            let drain_in = left.saturating_sub(settings.drain_window);
+            tracing::info!(
+                "walltime in {} (from {source:?}); draining starts in {}",
+                humantime::format_duration(round(left)),
+                humantime::format_duration(round(drain_in))
+            );
+            let _ = inputs.walltime(Instant::now() + left).await;
+        }
+        None => tracing::info!("no walltime: the node drains on SIGTERM, SIGUSR1 or `tela drain`"),
+    }
+
+    let engine_config = EngineConfig {
+        command: settings.engine_cmd.clone(),
+        probe_interval: settings.probe_interval,
+        models_override: settings.models.clone().filter(|m| !m.is_empty()),
+        stop_grace: settings.engine_stop_grace,
+        ..EngineConfig::default()
+    };
+    let stop_engine = runtime.stop_engine();
+    let mut engine =
+        AbortOnDropHandle::new(tokio::spawn(supervise(backend, engine_config, inputs.clone(), stop_engine.clone())));
+
+    let mut interrupted = false;
+    let exit = loop {
+        tokio::select! {
+            exit = runtime.wait() => break exit,
+            signal = signals.next() => match signal {
+                NodeSignal::Interrupt if interrupted => {
+                    tracing::warn!("second Ctrl-C: stopping now, without waiting for in-flight requests");
+                    let _ = inputs.shutdown().await;
+                }
+                s => {
+                    interrupted |= s == NodeSignal::Interrupt;
+                    tracing::info!(
+                        "{} received: draining (no new requests; in-flight requests finish; then exit){}",
+                        match s {
+                            NodeSignal::Terminate => "SIGTERM",
+                            NodeSignal::User1 => "SIGUSR1",
+                            NodeSignal::Interrupt => "Ctrl-C",
+                        },
+                        if s == NodeSignal::Interrupt { " — Ctrl-C again to stop at once" } else { "" }
+                    );
+                    let _ = inputs.drain().await;
+                }
+            }
+        }
+    };
+    // The core asked to stop the engine when it left; after a shutdown, do it here.
+    stop_engine.cancel();
+    let bound = settings.engine_stop_grace + Duration::from_secs(10);
+    if tokio::time::timeout(bound, &mut engine).await.is_err() {
+        tracing::warn!("the engine supervisor did not finish within {bound:?}");
+    }
+    Ok(match exit {
+        Exit::Left => {
+            tracing::info!("node left the federation; exiting");
+            0
+        }
+        Exit::Shutdown => EXIT_INTERRUPTED,
+        Exit::Crashed => 1,
+    })
+}
+
+/// The time left in the allocation, from `--walltime` or Slurm.
+async fn walltime(settings: &NodeSettings) -> Option<(Duration, WalltimeSource)> {
+    if let Some(w) = settings.walltime {
+        return Some((w, WalltimeSource::Flag));
+    }
+    let job = std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty())?;
+    match slurm_time_left(&job).await {
+        Ok((Some(left), source)) => Some((left, source)),
+        Ok((None, _)) => {
+            tracing::info!("Slurm job {job} has no time limit");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("cannot read the walltime of Slurm job {job}: {e}; pass --walltime, or rely on #SBATCH --signal=B:USR1@<drain window>");
+            None
+        }
+    }
+}
+
+fn round(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
