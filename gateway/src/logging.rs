@@ -26,17 +26,10 @@ pub enum LoggingError {
 /// Installs the global subscriber. `level` (from `--log`) wins over `RUST_LOG`; with neither,
 /// the level is `info`. Both accept `tracing` filter directives such as `tela_gateway=debug`.
 pub fn init(level: Option<&str>) -> Result<(), LoggingError> {
-    let from_env = std::env::var("RUST_LOG")
-        .ok()
-        .filter(|s| !s.trim().is_empty());
-    let filter = level
-        .map(str::to_owned)
-        .or(from_env)
-        .unwrap_or_else(|| "info".to_owned());
-    let env_filter = EnvFilter::try_new(&filter).map_err(|e| LoggingError::InvalidFilter {
-        filter: filter.clone(),
-        reason: e.to_string(),
-    })?;
+    let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.trim().is_empty());
+    let filter = level.map(str::to_owned).or(from_env).unwrap_or_else(|| "info".to_owned());
+    let env_filter = EnvFilter::try_new(&filter)
+        .map_err(|e| LoggingError::InvalidFilter { filter: filter.clone(), reason: e.to_string() })?;
     tracing_subscriber::fmt()
         .with_env_filter(env_filter)
         .with_writer(std::io::stderr)

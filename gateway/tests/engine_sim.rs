@@ -18,9 +18,7 @@ use tokio::net::TcpStream;
 
 /// Bounds every test so a hang fails instead of stalling CI.
 async fn within<T>(test: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), test)
-        .await
-        .expect("test did not finish within 60 s")
+    tokio::time::timeout(Duration::from_secs(60), test).await.expect("test did not finish within 60 s")
 }
 
 /// Near-instant generation, for tests that are not about pacing.
@@ -34,18 +32,13 @@ fn fast(models: &[&str]) -> EngineSimConfig {
 }
 
 async fn start(config: EngineSimConfig) -> EngineSimHandle {
-    engine_sim::spawn(config, "127.0.0.1:0".parse().expect("loopback address"))
-        .await
-        .expect("engine simulator starts")
+    engine_sim::spawn(config, "127.0.0.1:0".parse().expect("loopback address")).await.expect("engine simulator starts")
 }
 
 async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .expect("connect to simulator");
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP/1.1 handshake");
+    let stream = TcpStream::connect(addr).await.expect("connect to simulator");
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("HTTP/1.1 handshake");
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -74,24 +67,13 @@ async fn send_on(
 }
 
 /// One request on a fresh connection; the whole body parsed as JSON.
-async fn call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (StatusCode, HeaderMap, Value) {
+async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (StatusCode, HeaderMap, Value) {
     let mut sender = connect(addr).await;
-    let response = send_on(&mut sender, addr, method, path, body)
-        .await
-        .expect("response");
+    let response = send_on(&mut sender, addr, method, path, body).await.expect("response");
     let (parts, body) = response.into_parts();
     let bytes = body.collect().await.expect("whole body").to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "body is not JSON ({e}): {}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&bytes)));
     (parts.status, parts.headers, value)
 }
 
@@ -108,42 +90,22 @@ async fn get(addr: SocketAddr, path: &str) -> (StatusCode, Value) {
 /// A streamed answer read to its end: content type and raw body text.
 async fn stream_text(addr: SocketAddr, path: &str, body: Value) -> (String, String) {
     let mut sender = connect(addr).await;
-    let response = send_on(&mut sender, addr, "POST", path, &body.to_string())
-        .await
-        .expect("response");
+    let response = send_on(&mut sender, addr, "POST", path, &body.to_string()).await.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
-    let content_type = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("whole stream")
-        .to_bytes();
-    (
-        content_type,
-        String::from_utf8(bytes.to_vec()).expect("UTF-8 stream"),
-    )
+    let content_type =
+        response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let bytes = response.into_body().collect().await.expect("whole stream").to_bytes();
+    (content_type, String::from_utf8(bytes.to_vec()).expect("UTF-8 stream"))
 }
 
 /// Splits an SSE body into its `data` payloads, asserting OpenAI's exact framing: every event
 /// is one `data: ` line followed by a blank line, and nothing else is in the body.
 fn sse_events(body: &str) -> Vec<String> {
-    assert!(
-        body.ends_with("\n\n"),
-        "stream does not end with a blank line: {body:?}"
-    );
+    assert!(body.ends_with("\n\n"), "stream does not end with a blank line: {body:?}");
     body[..body.len() - 2]
         .split("\n\n")
         .map(|event| {
-            assert!(
-                !event.contains('\n'),
-                "event is not a single line: {event:?}"
-            );
+            assert!(!event.contains('\n'), "event is not a single line: {event:?}");
             event
                 .strip_prefix("data: ")
                 .unwrap_or_else(|| panic!("event without 'data: ' prefix: {event:?}"))
@@ -155,17 +117,11 @@ fn sse_events(body: &str) -> Vec<String> {
 /// The JSON chunks before `[DONE]`, asserting `[DONE]` is last and appears once.
 fn json_chunks(body: &str) -> Vec<Value> {
     let events = sse_events(body);
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "stream must end with [DONE]"
-    );
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "stream must end with [DONE]");
     assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
     events[..events.len() - 1]
         .iter()
-        .map(|e| {
-            serde_json::from_str(e).unwrap_or_else(|err| panic!("chunk is not JSON ({err}): {e}"))
-        })
+        .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("chunk is not JSON ({err}): {e}")))
         .collect()
 }
 
@@ -178,24 +134,15 @@ fn chat(model: &str, prompt: &str, extra: Value) -> Value {
 }
 
 fn assert_error_shape(body: &Value) {
-    let error = body["error"]
-        .as_object()
-        .unwrap_or_else(|| panic!("no error object: {body}"));
+    let error = body["error"].as_object().unwrap_or_else(|| panic!("no error object: {body}"));
     let mut keys: Vec<&str> = error.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["code", "message", "param", "type"], "{body}");
-    assert!(
-        error["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
     assert!(error["type"].is_string(), "{body}");
 }
 
-async fn wait_for(
-    handle: &EngineSimHandle,
-    what: &str,
-    done: impl Fn(&engine_sim::EngineSimStats) -> bool,
-) {
+async fn wait_for(handle: &EngineSimHandle, what: &str, done: impl Fn(&engine_sim::EngineSimStats) -> bool) {
     for _ in 0..600 {
         if done(&handle.stats()) {
             return;
@@ -214,16 +161,9 @@ async fn models_and_health_list_what_is_served() {
         // Two requests on one keep-alive connection.
         let mut sender = connect(addr).await;
         for _ in 0..2 {
-            let response = send_on(&mut sender, addr, "GET", "/v1/models", "")
-                .await
-                .expect("models");
+            let response = send_on(&mut sender, addr, "GET", "/v1/models", "").await.expect("models");
             assert_eq!(response.status(), StatusCode::OK);
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .expect("body")
-                .to_bytes();
+            let bytes = response.into_body().collect().await.expect("body").to_bytes();
             let body: Value = serde_json::from_slice(&bytes).expect("JSON");
             assert_eq!(body["object"], "list");
             let data = body["data"].as_array().expect("data list");
@@ -237,18 +177,12 @@ async fn models_and_health_list_what_is_served() {
         }
 
         let (status, model) = get(addr, "/v1/models/beta").await;
-        assert_eq!(
-            (status, model["id"].as_str()),
-            (StatusCode::OK, Some("beta"))
-        );
+        assert_eq!((status, model["id"].as_str()), (StatusCode::OK, Some("beta")));
         let (status, error) = get(addr, "/v1/models/gamma").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(error["error"]["code"], "model_not_found");
 
-        assert_eq!(
-            get(addr, "/health").await,
-            (StatusCode::OK, json!({"status": "ok"}))
-        );
+        assert_eq!(get(addr, "/health").await, (StatusCode::OK, json!({"status": "ok"})));
         assert_eq!(engine.stats().requests, 5);
         engine.shutdown().await.expect("clean shutdown");
     })
@@ -261,26 +195,17 @@ async fn chat_answers_with_usage_and_respects_max_tokens() {
         let engine = start(fast(&["m"])).await;
         let addr = engine.local_addr();
 
-        let (status, body) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "Hello there", json!({"max_tokens": 5})),
-        )
-        .await;
+        let (status, body) =
+            post(addr, "/v1/chat/completions", chat("m", "Hello there", json!({"max_tokens": 5}))).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["model"], "m");
-        assert!(body["id"]
-            .as_str()
-            .is_some_and(|id| id.starts_with("chatcmpl-")));
+        assert!(body["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")));
         let choices = body["choices"].as_array().expect("choices");
         assert_eq!(choices.len(), 1);
         assert_eq!(choices[0]["message"]["role"], "assistant");
         assert_eq!(choices[0]["finish_reason"], "length");
-        let content = choices[0]["message"]["content"]
-            .as_str()
-            .expect("content")
-            .to_owned();
+        let content = choices[0]["message"]["content"].as_str().expect("content").to_owned();
         assert_eq!(content.split_whitespace().count(), 5, "{content:?}");
         let usage = &body["usage"];
         assert_eq!(usage["completion_tokens"], 5);
@@ -289,67 +214,30 @@ async fn chat_answers_with_usage_and_respects_max_tokens() {
         assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + 5));
 
         // Same request, same answer.
-        let (_, again) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "Hello there", json!({"max_tokens": 5})),
-        )
-        .await;
-        assert_eq!(
-            again["choices"][0]["message"]["content"].as_str(),
-            Some(content.as_str())
-        );
+        let (_, again) = post(addr, "/v1/chat/completions", chat("m", "Hello there", json!({"max_tokens": 5}))).await;
+        assert_eq!(again["choices"][0]["message"]["content"].as_str(), Some(content.as_str()));
 
         // max_completion_tokens wins over max_tokens; the default is 16.
         let (_, short) = post(
             addr,
             "/v1/chat/completions",
-            chat(
-                "m",
-                "Hello there",
-                json!({"max_tokens": 5, "max_completion_tokens": 3}),
-            ),
+            chat("m", "Hello there", json!({"max_tokens": 5, "max_completion_tokens": 3})),
         )
         .await;
         assert_eq!(short["usage"]["completion_tokens"], 3);
-        let (_, default) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "Hello there", json!({})),
-        )
-        .await;
-        assert!(default["usage"]["completion_tokens"]
-            .as_u64()
-            .is_some_and(|n| (1..=16).contains(&n)));
+        let (_, default) = post(addr, "/v1/chat/completions", chat("m", "Hello there", json!({}))).await;
+        assert!(default["usage"]["completion_tokens"].as_u64().is_some_and(|n| (1..=16).contains(&n)));
 
         // With room to finish, the answer ends naturally.
-        let (_, long) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "Hello there", json!({"max_tokens": 4096})),
-        )
-        .await;
+        let (_, long) = post(addr, "/v1/chat/completions", chat("m", "Hello there", json!({"max_tokens": 4096}))).await;
         assert_eq!(long["choices"][0]["finish_reason"], "stop");
-        assert!(long["choices"][0]["message"]["content"]
-            .as_str()
-            .is_some_and(|c| c.ends_with('.')));
+        assert!(long["choices"][0]["message"]["content"].as_str().is_some_and(|c| c.ends_with('.')));
 
         // Another seed gives another answer.
-        let other = start(EngineSimConfig {
-            seed: 99,
-            ..fast(&["m"])
-        })
-        .await;
-        let (_, reseeded) = post(
-            other.local_addr(),
-            "/v1/chat/completions",
-            chat("m", "Hello there", json!({"max_tokens": 5})),
-        )
-        .await;
-        assert_ne!(
-            reseeded["choices"][0]["message"]["content"].as_str(),
-            Some(content.as_str())
-        );
+        let other = start(EngineSimConfig { seed: 99, ..fast(&["m"]) }).await;
+        let (_, reseeded) =
+            post(other.local_addr(), "/v1/chat/completions", chat("m", "Hello there", json!({"max_tokens": 5}))).await;
+        assert_ne!(reseeded["choices"][0]["message"]["content"].as_str(), Some(content.as_str()));
         assert_eq!(
             engine.stats().tokens_generated,
             5 + 5
@@ -366,14 +254,8 @@ async fn chat_stream_uses_openai_sse_framing() {
     within(async {
         let engine = start(fast(&["m"])).await;
         let addr = engine.local_addr();
-        let options =
-            json!({"max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}});
-        let (content_type, text) = stream_text(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "stream me", options),
-        )
-        .await;
+        let options = json!({"max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}});
+        let (content_type, text) = stream_text(addr, "/v1/chat/completions", chat("m", "stream me", options)).await;
         assert_eq!(content_type, "text/event-stream");
         let chunks = json_chunks(&text);
         // role, 4 tokens, finish, usage
@@ -391,11 +273,7 @@ async fn chat_stream_uses_openai_sse_framing() {
             assert!(choice["finish_reason"].is_null());
             assert!(choice["delta"].get("role").is_none());
             let token = choice["delta"]["content"].as_str().expect("content delta");
-            assert_eq!(
-                token.split_whitespace().count(),
-                1,
-                "one token per chunk: {token:?}"
-            );
+            assert_eq!(token.split_whitespace().count(), 1, "one token per chunk: {token:?}");
             streamed.push_str(token);
         }
         assert_eq!(chunks[5]["choices"][0]["finish_reason"], "length");
@@ -404,24 +282,13 @@ async fn chat_stream_uses_openai_sse_framing() {
         assert_eq!(chunks[6]["usage"]["completion_tokens"], 4);
 
         // The stream carries exactly the non-stream answer.
-        let (_, whole) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "stream me", json!({"max_tokens": 4})),
-        )
-        .await;
-        assert_eq!(
-            whole["choices"][0]["message"]["content"].as_str(),
-            Some(streamed.as_str())
-        );
+        let (_, whole) = post(addr, "/v1/chat/completions", chat("m", "stream me", json!({"max_tokens": 4}))).await;
+        assert_eq!(whole["choices"][0]["message"]["content"].as_str(), Some(streamed.as_str()));
 
         // Without include_usage: no usage chunk and no usage field.
-        let (_, text) = stream_text(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "stream me", json!({"max_tokens": 4, "stream": true})),
-        )
-        .await;
+        let (_, text) =
+            stream_text(addr, "/v1/chat/completions", chat("m", "stream me", json!({"max_tokens": 4, "stream": true})))
+                .await;
         let chunks = json_chunks(&text);
         assert_eq!(chunks.len(), 6);
         assert!(chunks.iter().all(|c| c.get("usage").is_none()));
@@ -434,15 +301,9 @@ async fn chat_stream_uses_openai_sse_framing() {
 fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let line_end = raw
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("chunk size line");
-        let size = usize::from_str_radix(
-            std::str::from_utf8(&raw[..line_end]).expect("ASCII size"),
-            16,
-        )
-        .expect("hex chunk size");
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).expect("ASCII size"), 16)
+            .expect("hex chunk size");
         raw = &raw[line_end + 2..];
         if size == 0 {
             assert_eq!(raw, b"\r\n", "body must end with the last-chunk marker");
@@ -460,26 +321,16 @@ async fn stream_chunks_are_flushed_as_they_are_produced() {
         // Eight tokens 100 ms apart: the server needs at least 0.7 s after the first token
         // before it can send [DONE], so a server that flushes per chunk cannot deliver the
         // whole stream in the read that brings the first token.
-        let engine = start(EngineSimConfig {
-            ttft: Duration::ZERO,
-            tokens_per_s: 10.0,
-            ..fast(&["m"])
-        })
-        .await;
+        let engine = start(EngineSimConfig { ttft: Duration::ZERO, tokens_per_s: 10.0, ..fast(&["m"]) }).await;
         let body = chat("m", "pace me", json!({"max_tokens": 8, "stream": true})).to_string();
-        let mut socket = TcpStream::connect(engine.local_addr())
-            .await
-            .expect("connect");
+        let mut socket = TcpStream::connect(engine.local_addr()).await.expect("connect");
         socket.set_nodelay(true).expect("nodelay");
         let head = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        socket
-            .write_all(head.as_bytes())
-            .await
-            .expect("send request");
+        socket.write_all(head.as_bytes()).await.expect("send request");
 
         let mut raw = Vec::new();
         let mut first_token_read = None;
@@ -499,19 +350,10 @@ async fn stream_chunks_are_flushed_as_they_are_produced() {
                 done_read = Some(read);
             }
         }
-        let (first, done) = (
-            first_token_read.expect("a token arrived"),
-            done_read.expect("[DONE] arrived"),
-        );
-        assert!(
-            first < done,
-            "the first token and [DONE] arrived in the same read ({first})"
-        );
+        let (first, done) = (first_token_read.expect("a token arrived"), done_read.expect("[DONE] arrived"));
+        assert!(first < done, "the first token and [DONE] arrived in the same read ({first})");
 
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("end of headers");
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("end of headers");
         let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
         assert!(head.starts_with("http/1.1 200"), "{head}");
         assert!(head.contains("content-type: text/event-stream"), "{head}");
@@ -532,9 +374,7 @@ async fn completions_stream_and_non_stream_agree() {
         let (status, whole) = post(addr, "/v1/completions", request.clone()).await;
         assert_eq!(status, StatusCode::OK, "{whole}");
         assert_eq!(whole["object"], "text_completion");
-        assert!(whole["id"]
-            .as_str()
-            .is_some_and(|id| id.starts_with("cmpl-")));
+        assert!(whole["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
         assert_eq!(whole["choices"][0]["finish_reason"], "length");
         assert_eq!(whole["usage"]["completion_tokens"], 6);
         let text = whole["choices"][0]["text"].as_str().expect("text");
@@ -546,10 +386,8 @@ async fn completions_stream_and_non_stream_agree() {
         let chunks = json_chunks(&body);
         assert_eq!(chunks.len(), 6 + 1, "6 tokens and a finish chunk");
         assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
-        let streamed: String = chunks[..6]
-            .iter()
-            .map(|c| c["choices"][0]["text"].as_str().expect("text").to_owned())
-            .collect();
+        let streamed: String =
+            chunks[..6].iter().map(|c| c["choices"][0]["text"].as_str().expect("text").to_owned()).collect();
         assert_eq!(streamed, text);
         assert_eq!(chunks[6]["choices"][0]["finish_reason"], "length");
     })
@@ -562,10 +400,7 @@ fn unbase64(text: &str) -> Vec<u8> {
     let mut held = 0;
     let mut out = Vec::new();
     for c in text.bytes().take_while(|&c| c != b'=') {
-        let v = ALPHABET
-            .iter()
-            .position(|&a| a == c)
-            .expect("base64 character") as u32;
+        let v = ALPHABET.iter().position(|&a| a == c).expect("base64 character") as u32;
         bits = (bits << 6) | v;
         held += 6;
         if held >= 8 {
@@ -579,11 +414,7 @@ fn unbase64(text: &str) -> Vec<u8> {
 #[tokio::test]
 async fn embeddings_are_deterministic_unit_vectors() {
     within(async {
-        let engine = start(EngineSimConfig {
-            embedding_dim: 32,
-            ..fast(&["embedder"])
-        })
-        .await;
+        let engine = start(EngineSimConfig { embedding_dim: 32, ..fast(&["embedder"]) }).await;
         let addr = engine.local_addr();
         // The server sends f32 components; compare them as f32.
         let vector = |body: &Value, i: usize| -> Vec<f32> {
@@ -596,12 +427,7 @@ async fn embeddings_are_deterministic_unit_vectors() {
                 .collect()
         };
 
-        let (status, single) = post(
-            addr,
-            "/v1/embeddings",
-            json!({"model": "embedder", "input": "hello"}),
-        )
-        .await;
+        let (status, single) = post(addr, "/v1/embeddings", json!({"model": "embedder", "input": "hello"})).await;
         assert_eq!(status, StatusCode::OK, "{single}");
         assert_eq!(single["object"], "list");
         assert_eq!(single["model"], "embedder");
@@ -609,59 +435,31 @@ async fn embeddings_are_deterministic_unit_vectors() {
         assert_eq!(single["data"][0]["index"], 0);
         let hello = vector(&single, 0);
         assert_eq!(hello.len(), 32);
-        let norm = hello
-            .iter()
-            .map(|x| f64::from(*x).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let norm = hello.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
-        let tokens = single["usage"]["prompt_tokens"]
-            .as_u64()
-            .expect("prompt_tokens");
+        let tokens = single["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
         assert!(tokens > 0);
         assert_eq!(single["usage"]["total_tokens"].as_u64(), Some(tokens));
 
-        let (_, batch) = post(
-            addr,
-            "/v1/embeddings",
-            json!({"model": "embedder", "input": ["hello", "world", "hello"]}),
-        )
-        .await;
-        let indices: Vec<u64> = batch["data"]
-            .as_array()
-            .expect("data")
-            .iter()
-            .filter_map(|d| d["index"].as_u64())
-            .collect();
+        let (_, batch) =
+            post(addr, "/v1/embeddings", json!({"model": "embedder", "input": ["hello", "world", "hello"]})).await;
+        let indices: Vec<u64> =
+            batch["data"].as_array().expect("data").iter().filter_map(|d| d["index"].as_u64()).collect();
         assert_eq!(indices, [0, 1, 2]);
         assert_eq!(vector(&batch, 0), hello);
         assert_eq!(vector(&batch, 2), hello);
         assert_ne!(vector(&batch, 1), hello);
 
         // What the official SDK asks for by default: base64 of little-endian f32.
-        let (_, encoded) = post(
-            addr,
-            "/v1/embeddings",
-            json!({"model": "embedder", "input": "hello", "encoding_format": "base64"}),
-        )
-        .await;
-        let bytes = unbase64(
-            encoded["data"][0]["embedding"]
-                .as_str()
-                .expect("base64 string"),
-        );
-        let decoded: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let (_, encoded) =
+            post(addr, "/v1/embeddings", json!({"model": "embedder", "input": "hello", "encoding_format": "base64"}))
+                .await;
+        let bytes = unbase64(encoded["data"][0]["embedding"].as_str().expect("base64 string"));
+        let decoded: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         assert_eq!(decoded, hello);
 
-        let (_, narrow) = post(
-            addr,
-            "/v1/embeddings",
-            json!({"model": "embedder", "input": "hello", "dimensions": 8}),
-        )
-        .await;
+        let (_, narrow) =
+            post(addr, "/v1/embeddings", json!({"model": "embedder", "input": "hello", "dimensions": 8})).await;
         assert_eq!(vector(&narrow, 0).len(), 8);
     })
     .await;
@@ -678,29 +476,16 @@ struct ErrorCase {
 }
 
 fn fails(method: &'static str, path: &'static str, body: impl ToString, status: u16) -> ErrorCase {
-    ErrorCase {
-        method,
-        path,
-        body: body.to_string(),
-        status,
-        param: None,
-        code: None,
-    }
+    ErrorCase { method, path, body: body.to_string(), status, param: None, code: None }
 }
 
 impl ErrorCase {
     fn param(self, param: &'static str) -> Self {
-        Self {
-            param: Some(param),
-            ..self
-        }
+        Self { param: Some(param), ..self }
     }
 
     fn code(self, code: &'static str) -> Self {
-        Self {
-            code: Some(code),
-            ..self
-        }
+        Self { code: Some(code), ..self }
     }
 }
 
@@ -721,9 +506,7 @@ async fn errors_use_the_openai_shape() {
         let cases = [
             fails("POST", CHAT, "{not json", 400),
             fails("POST", CHAT, "", 400),
-            fails("POST", CHAT, chat_with(json!({"model": "gamma"})), 404)
-                .param("model")
-                .code("model_not_found"),
+            fails("POST", CHAT, chat_with(json!({"model": "gamma"})), 404).param("model").code("model_not_found"),
             fails("POST", CHAT, json!({"model": "alpha"}), 400).param("messages"),
             fails("POST", CHAT, json!({"messages": user}), 400).param("model"),
             fails("POST", CHAT, chat_with(json!({"n": 2})), 400).param("n"),
@@ -731,23 +514,13 @@ async fn errors_use_the_openai_shape() {
             fails("POST", CHAT, chat_with(json!({"max_tokens": 999_999})), 400).param("max_tokens"),
             fails("POST", CHAT, chat_with(json!({"max_tokens": "ten"})), 400),
             fails("POST", "/v1/completions", json!({"model": "alpha"}), 400).param("prompt"),
-            fails(
-                "POST",
-                "/v1/completions",
-                json!({"model": "nope", "prompt": "p"}),
-                404,
-            )
-            .param("model")
-            .code("model_not_found"),
+            fails("POST", "/v1/completions", json!({"model": "nope", "prompt": "p"}), 404)
+                .param("model")
+                .code("model_not_found"),
             fails("POST", "/v1/embeddings", json!({"model": "alpha"}), 400).param("input"),
-            fails(
-                "POST",
-                "/v1/embeddings",
-                json!({"model": "nope", "input": "x"}),
-                404,
-            )
-            .param("model")
-            .code("model_not_found"),
+            fails("POST", "/v1/embeddings", json!({"model": "nope", "input": "x"}), 404)
+                .param("model")
+                .code("model_not_found"),
             fails("GET", "/v1/nothing", "", 404).code("unknown_url"),
             fails("GET", CHAT, "", 405).code("method_not_allowed"),
             fails("POST", "/v1/models", "", 405).code("method_not_allowed"),
@@ -757,23 +530,12 @@ async fn errors_use_the_openai_shape() {
             let what = format!("{} {} {}", case.method, case.path, case.body);
             assert_eq!(status.as_u16(), case.status, "{what}: {error}");
             assert_error_shape(&error);
-            assert_eq!(
-                error["error"]["param"].as_str(),
-                case.param,
-                "{what}: {error}"
-            );
-            assert_eq!(
-                error["error"]["code"].as_str(),
-                case.code,
-                "{what}: {error}"
-            );
+            assert_eq!(error["error"]["param"].as_str(), case.param, "{what}: {error}");
+            assert_eq!(error["error"]["code"].as_str(), case.code, "{what}: {error}");
             assert_eq!(error["error"]["type"], "invalid_request_error", "{what}");
             if case.code == Some("model_not_found") {
                 let message = error["error"]["message"].as_str().unwrap_or_default();
-                assert!(
-                    message.contains("alpha, beta"),
-                    "names the served models: {message}"
-                );
+                assert!(message.contains("alpha, beta"), "names the served models: {message}");
             }
             if case.status == 405 {
                 let allow = if case.method == "GET" { "POST" } else { "GET" };
@@ -790,19 +552,9 @@ async fn errors_use_the_openai_shape() {
 #[tokio::test]
 async fn http_500_fault_answers_an_openai_server_error() {
     within(async {
-        let engine = start(EngineSimConfig {
-            fail_rate: 1.0,
-            fail_mode: FailMode::Http500,
-            ..fast(&["m"])
-        })
-        .await;
+        let engine = start(EngineSimConfig { fail_rate: 1.0, fail_mode: FailMode::Http500, ..fast(&["m"]) }).await;
         let addr = engine.local_addr();
-        let (status, error) = post(
-            addr,
-            "/v1/chat/completions",
-            chat("m", "x", json!({"stream": true})),
-        )
-        .await;
+        let (status, error) = post(addr, "/v1/chat/completions", chat("m", "x", json!({"stream": true}))).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_error_shape(&error);
         assert_eq!(error["error"]["type"], "server_error");
@@ -839,59 +591,32 @@ async fn drop_fault_closes_the_connection_without_an_answer() {
 #[tokio::test]
 async fn mid_stream_fault_cuts_the_stream_before_done() {
     within(async {
-        let engine = start(EngineSimConfig {
-            fail_rate: 1.0,
-            fail_mode: FailMode::MidStream,
-            ..fast(&["m"])
-        })
-        .await;
+        let engine = start(EngineSimConfig { fail_rate: 1.0, fail_mode: FailMode::MidStream, ..fast(&["m"]) }).await;
         let addr = engine.local_addr();
         let mut sender = connect(addr).await;
         let body = chat("m", "x", json!({"max_tokens": 10, "stream": true})).to_string();
-        let response = send_on(&mut sender, addr, "POST", "/v1/chat/completions", &body)
-            .await
-            .expect("headers arrive");
+        let response = send_on(&mut sender, addr, "POST", "/v1/chat/completions", &body).await.expect("headers arrive");
         assert_eq!(response.status(), StatusCode::OK);
         let mut body = response.into_body();
         let mut received = Vec::new();
         let error = loop {
             match body.frame().await {
-                Some(Ok(frame)) => {
-                    received.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..]))
-                }
+                Some(Ok(frame)) => received.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..])),
                 Some(Err(e)) => break Some(e),
                 None => break None,
             }
         };
-        assert!(
-            error.is_some(),
-            "the stream must end in an error, not cleanly"
-        );
+        assert!(error.is_some(), "the stream must end in an error, not cleanly");
         let text = String::from_utf8_lossy(&received);
         let events = sse_events(&text);
         assert!(!events.iter().any(|e| e == "[DONE]"), "{text}");
-        assert_eq!(
-            events.len(),
-            3,
-            "role and two tokens before the cut: {text}"
-        );
+        assert_eq!(events.len(), 3, "role and two tokens before the cut: {text}");
 
         let (status, error) = post(addr, "/v1/chat/completions", chat("m", "x", json!({}))).await;
-        assert_eq!(
-            status,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "non-stream requests fail with 500"
-        );
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "non-stream requests fail with 500");
         assert_error_shape(&error);
-        wait_for(&engine, "the cut stream leaving in_flight", |s| {
-            s.in_flight == 0
-        })
-        .await;
-        assert_eq!(
-            engine.stats().client_disconnects,
-            0,
-            "a cut is not a client disconnect"
-        );
+        wait_for(&engine, "the cut stream leaving in_flight", |s| s.in_flight == 0).await;
+        assert_eq!(engine.stats().client_disconnects, 0, "a cut is not a client disconnect");
     })
     .await;
 }
@@ -900,23 +625,14 @@ async fn mid_stream_fault_cuts_the_stream_before_done() {
 async fn faults_follow_the_seed() {
     within(async {
         let pattern = |seed: u64| async move {
-            let engine = start(EngineSimConfig {
-                fail_rate: 0.5,
-                seed,
-                ..fast(&["m"])
-            })
-            .await;
+            let engine = start(EngineSimConfig { fail_rate: 0.5, seed, ..fast(&["m"]) }).await;
             let mut statuses = Vec::new();
             for _ in 0..16 {
                 statuses.push(
-                    post(
-                        engine.local_addr(),
-                        "/v1/chat/completions",
-                        chat("m", "x", json!({"max_tokens": 1})),
-                    )
-                    .await
-                    .0
-                    .as_u16(),
+                    post(engine.local_addr(), "/v1/chat/completions", chat("m", "x", json!({"max_tokens": 1})))
+                        .await
+                        .0
+                        .as_u16(),
                 );
             }
             statuses
@@ -932,11 +648,7 @@ async fn faults_follow_the_seed() {
 #[tokio::test]
 async fn startup_delay_answers_503_until_ready() {
     within(async {
-        let engine = start(EngineSimConfig {
-            startup_delay: Duration::from_millis(1500),
-            ..fast(&["m"])
-        })
-        .await;
+        let engine = start(EngineSimConfig { startup_delay: Duration::from_millis(1500), ..fast(&["m"]) }).await;
         let addr = engine.local_addr();
         for path in ["/health", "/v1/models"] {
             let (status, error) = get(addr, path).await;
@@ -964,23 +676,32 @@ async fn startup_delay_answers_503_until_ready() {
 #[tokio::test]
 async fn a_client_leaving_mid_stream_does_not_disturb_another() {
     within(async {
-        let engine = start(EngineSimConfig { ttft: Duration::from_millis(1), tokens_per_s: 50.0, ..fast(&["m"]) }).await;
+        let engine =
+            start(EngineSimConfig { ttft: Duration::from_millis(1), tokens_per_s: 50.0, ..fast(&["m"]) }).await;
         let addr = engine.local_addr();
 
         // A: a long stream whose client hangs up after the first token.
         let long = chat("m", "a long story", json!({"max_tokens": 1000, "stream": true})).to_string();
         let mut leaver = TcpStream::connect(addr).await.expect("connect");
         leaver
-            .write_all(format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Length: {}\r\n\r\n{long}",
-                long.len()
-            ).as_bytes())
+            .write_all(
+                format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Length: {}\r\n\r\n{long}",
+                    long.len()
+                )
+                .as_bytes(),
+            )
             .await
             .expect("send");
 
         // B: a short stream running at the same time.
         let stayer = tokio::spawn(async move {
-            stream_text(addr, "/v1/chat/completions", chat("m", "a short one", json!({"max_tokens": 8, "stream": true}))).await
+            stream_text(
+                addr,
+                "/v1/chat/completions",
+                chat("m", "a short one", json!({"max_tokens": 8, "stream": true})),
+            )
+            .await
         });
 
         let mut seen = Vec::new();
@@ -995,7 +716,8 @@ async fn a_client_leaving_mid_stream_does_not_disturb_another() {
         let (_, text) = stayer.await.expect("B's task");
         let chunks = json_chunks(&text);
         assert_eq!(chunks.len(), 1 + 8 + 1, "B got every chunk");
-        let streamed: String = chunks[1..9].iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        let streamed: String =
+            chunks[1..9].iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
         let (_, whole) = post(addr, "/v1/chat/completions", chat("m", "a short one", json!({"max_tokens": 8}))).await;
         assert_eq!(whole["choices"][0]["message"]["content"].as_str(), Some(streamed.as_str()));
 
@@ -1005,7 +727,8 @@ async fn a_client_leaving_mid_stream_does_not_disturb_another() {
         assert_eq!(stats.completed, 2);
         // A stopped early: it sent fewer tokens than its whole answer holds.
         let sent_to_a = stats.tokens_generated - 8 - 8;
-        let (_, whole_a) = post(addr, "/v1/chat/completions", chat("m", "a long story", json!({"max_tokens": 1000}))).await;
+        let (_, whole_a) =
+            post(addr, "/v1/chat/completions", chat("m", "a long story", json!({"max_tokens": 1000}))).await;
         let answer_a = whole_a["usage"]["completion_tokens"].as_u64().expect("completion_tokens");
         assert!(sent_to_a < answer_a, "A sent {sent_to_a} of {answer_a} tokens");
     })
@@ -1015,41 +738,21 @@ async fn a_client_leaving_mid_stream_does_not_disturb_another() {
 #[tokio::test]
 async fn shutdown_lets_a_running_stream_finish() {
     within(async {
-        let engine = start(EngineSimConfig {
-            ttft: Duration::from_millis(1),
-            tokens_per_s: 100.0,
-            ..fast(&["m"])
-        })
-        .await;
+        let engine =
+            start(EngineSimConfig { ttft: Duration::from_millis(1), tokens_per_s: 100.0, ..fast(&["m"]) }).await;
         let addr = engine.local_addr();
         let mut sender = connect(addr).await;
         let body = chat("m", "x", json!({"max_tokens": 10, "stream": true})).to_string();
-        let response = send_on(&mut sender, addr, "POST", "/v1/chat/completions", &body)
-            .await
-            .expect("response");
+        let response = send_on(&mut sender, addr, "POST", "/v1/chat/completions", &body).await.expect("response");
         let mut body = response.into_body();
-        let first = body
-            .frame()
-            .await
-            .expect("a first chunk")
-            .expect("no error");
+        let first = body.frame().await.expect("a first chunk").expect("no error");
         assert!(first.is_data());
 
         let stopping = tokio::spawn(engine.shutdown());
-        let rest = body
-            .collect()
-            .await
-            .expect("the stream finishes during shutdown")
-            .to_bytes();
+        let rest = body.collect().await.expect("the stream finishes during shutdown").to_bytes();
         assert!(String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"));
-        stopping
-            .await
-            .expect("shutdown task")
-            .expect("clean shutdown");
-        assert!(
-            TcpStream::connect(addr).await.is_err(),
-            "a stopped engine no longer listens"
-        );
+        stopping.await.expect("shutdown task").expect("clean shutdown");
+        assert!(TcpStream::connect(addr).await.is_err(), "a stopped engine no longer listens");
     })
     .await;
 }
@@ -1062,24 +765,9 @@ async fn invalid_settings_are_refused_before_listening() {
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
     };
-    assert!(refused(EngineSimConfig {
-        models: vec![],
-        ..fast(&[])
-    })
-    .await
-    .contains("--model"));
-    assert!(refused(EngineSimConfig {
-        fail_rate: 1.5,
-        ..fast(&["m"])
-    })
-    .await
-    .contains("fail rate"));
-    assert!(refused(EngineSimConfig {
-        tokens_per_s: 0.0,
-        ..fast(&["m"])
-    })
-    .await
-    .contains("tokens per second"));
+    assert!(refused(EngineSimConfig { models: vec![], ..fast(&[]) }).await.contains("--model"));
+    assert!(refused(EngineSimConfig { fail_rate: 1.5, ..fast(&["m"]) }).await.contains("fail rate"));
+    assert!(refused(EngineSimConfig { tokens_per_s: 0.0, ..fast(&["m"]) }).await.contains("tokens per second"));
     assert!(refused(fast(&["m", "m"])).await.contains("twice"));
 }
 
@@ -1091,26 +779,14 @@ async fn the_binary_prints_its_address_and_stops_on_sigterm() {
 
     within(async {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tela"))
-            .args([
-                "engine-sim",
-                "--port",
-                "0",
-                "--model",
-                "cli-model",
-                "--ttft-ms",
-                "0",
-                "--log",
-                "warn",
-            ])
+            .args(["engine-sim", "--port", "0", "--model", "cli-model", "--ttft-ms", "0", "--log", "warn"])
             .stdout(Stdio::piped())
             .spawn()
             .expect("start tela");
         let stdout = child.stdout.take().expect("stdout");
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
-            std::io::BufReader::new(stdout)
-                .read_line(&mut line)
-                .map(|_| line)
+            std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
         })
         .await
         .expect("reader task")
@@ -1125,10 +801,7 @@ async fn the_binary_prints_its_address_and_stops_on_sigterm() {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(models["data"][0]["id"], "cli-model");
 
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill");
+        let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
         assert!(killed.success());
         for _ in 0..600 {
             if let Some(status) = child.try_wait().expect("wait") {

@@ -107,9 +107,7 @@ async fn next_quic(endpoint: Option<&quinn::Endpoint>) -> Option<quinn::Incoming
     }
 }
 
-async fn next_tcp(
-    listener: Option<&tokio::net::TcpListener>,
-) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+async fn next_tcp(listener: Option<&tokio::net::TcpListener>) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
     match listener {
         Some(l) => l.accept().await,
         None => std::future::pending().await,
@@ -131,12 +129,7 @@ async fn report(
             return;
         }
         Ok(Err(refusal)) => refusal,
-        Err(_) => Refusal {
-            peer: None,
-            remote,
-            transport,
-            reason: RefusalReason::TimedOut,
-        },
+        Err(_) => Refusal { peer: None, remote, transport, reason: RefusalReason::TimedOut },
     };
     match refusal.peer {
         Some(peer) => tracing::warn!(

@@ -128,17 +128,11 @@ impl RefusalReason {
     pub(crate) fn decode(bytes: &[u8]) -> RefusalReason {
         match bytes {
             [1, ..] => RefusalReason::JoinSecretMismatch,
-            [2, a, b, ..] => RefusalReason::VersionMismatch {
-                ours: PROTOCOL_VERSION,
-                theirs: Some(u16::from_be_bytes([*a, *b])),
-            },
-            [3, rest @ ..] => {
-                RefusalReason::ProtocolViolation(String::from_utf8_lossy(rest).into_owned())
+            [2, a, b, ..] => {
+                RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(u16::from_be_bytes([*a, *b])) }
             }
-            _ => RefusalReason::ProtocolViolation(format!(
-                "unintelligible refusal ({} bytes)",
-                bytes.len()
-            )),
+            [3, rest @ ..] => RefusalReason::ProtocolViolation(String::from_utf8_lossy(rest).into_owned()),
+            _ => RefusalReason::ProtocolViolation(format!("unintelligible refusal ({} bytes)", bytes.len())),
         }
     }
 }
@@ -147,17 +141,12 @@ impl fmt::Display for RefusalReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RefusalReason::JoinSecretMismatch => f.write_str("join secret mismatch"),
-            RefusalReason::VersionMismatch {
-                ours,
-                theirs: Some(theirs),
-            } => write!(
-                f,
-                "protocol version mismatch (this side speaks {ours}, the other {theirs})"
-            ),
-            RefusalReason::VersionMismatch { ours, theirs: None } => write!(
-                f,
-                "protocol version mismatch (this side speaks {ours}, the other side another)"
-            ),
+            RefusalReason::VersionMismatch { ours, theirs: Some(theirs) } => {
+                write!(f, "protocol version mismatch (this side speaks {ours}, the other {theirs})")
+            }
+            RefusalReason::VersionMismatch { ours, theirs: None } => {
+                write!(f, "protocol version mismatch (this side speaks {ours}, the other side another)")
+            }
             RefusalReason::ProtocolViolation(s) => write!(f, "protocol violation: {s}"),
             RefusalReason::Handshake(s) => write!(f, "TLS handshake failed: {s}"),
             RefusalReason::TimedOut => f.write_str("handshake and admission timed out"),
@@ -213,22 +202,13 @@ pub(crate) enum DialOutcome {
 }
 
 /// The dialler's half of the exchange.
-pub(crate) async fn dial<S, R>(
-    send: &mut S,
-    recv: &mut R,
-    b: &Binding<'_>,
-) -> Result<(), DialOutcome>
+pub(crate) async fn dial<S, R>(send: &mut S, recv: &mut R, b: &Binding<'_>) -> Result<(), DialOutcome>
 where
     S: AsyncWrite + Unpin,
     R: AsyncRead + Unpin,
 {
-    let hello = Frame::Hello {
-        version: PROTOCOL_VERSION,
-        proof: b.own_proof(Role::Dialler),
-    };
-    write_frame(send, &hello)
-        .await
-        .map_err(|e| DialOutcome::Broken(e.to_string()))?;
+    let hello = Frame::Hello { version: PROTOCOL_VERSION, proof: b.own_proof(Role::Dialler) };
+    write_frame(send, &hello).await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
     match read_frame(recv).await {
         Ok(Frame::Welcome { version, proof }) => {
             if version != PROTOCOL_VERSION {
@@ -244,24 +224,15 @@ where
             }
         }
         Ok(Frame::Refuse(reason)) => Err(DialOutcome::Refused(RefusalReason::decode(&reason))),
-        Ok(other) => Err(DialOutcome::Broken(format!(
-            "expected Welcome, got {}",
-            frame_name(&other)
-        ))),
-        Err(FrameError::Eof) => Err(DialOutcome::Broken(
-            "the peer closed the control stream".into(),
-        )),
+        Ok(other) => Err(DialOutcome::Broken(format!("expected Welcome, got {}", frame_name(&other)))),
+        Err(FrameError::Eof) => Err(DialOutcome::Broken("the peer closed the control stream".into())),
         Err(e) => Err(DialOutcome::Broken(e.to_string())),
     }
 }
 
 /// The acceptor's half. On refusal the `Refuse` frame has been written (best effort) and the
 /// caller closes the connection.
-pub(crate) async fn accept<S, R>(
-    send: &mut S,
-    recv: &mut R,
-    b: &Binding<'_>,
-) -> Result<(), RefusalReason>
+pub(crate) async fn accept<S, R>(send: &mut S, recv: &mut R, b: &Binding<'_>) -> Result<(), RefusalReason>
 where
     S: AsyncWrite + Unpin,
     R: AsyncRead + Unpin,
@@ -269,30 +240,19 @@ where
     let verdict = match read_frame(recv).await {
         Ok(Frame::Hello { version, proof }) => {
             if version != PROTOCOL_VERSION {
-                Err(RefusalReason::VersionMismatch {
-                    ours: PROTOCOL_VERSION,
-                    theirs: Some(version),
-                })
+                Err(RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(version) })
             } else if b.peer_proof_valid(Role::Dialler, &proof) {
                 Ok(())
             } else {
                 Err(RefusalReason::JoinSecretMismatch)
             }
         }
-        Ok(other) => Err(RefusalReason::ProtocolViolation(format!(
-            "expected Hello, got {}",
-            frame_name(&other)
-        ))),
-        Err(e) => Err(RefusalReason::ProtocolViolation(format!(
-            "no Hello on the control stream: {e}"
-        ))),
+        Ok(other) => Err(RefusalReason::ProtocolViolation(format!("expected Hello, got {}", frame_name(&other)))),
+        Err(e) => Err(RefusalReason::ProtocolViolation(format!("no Hello on the control stream: {e}"))),
     };
     match verdict {
         Ok(()) => {
-            let welcome = Frame::Welcome {
-                version: PROTOCOL_VERSION,
-                proof: b.own_proof(Role::Acceptor),
-            };
+            let welcome = Frame::Welcome { version: PROTOCOL_VERSION, proof: b.own_proof(Role::Acceptor) };
             write_frame(send, &welcome)
                 .await
                 .map_err(|e| RefusalReason::ProtocolViolation(format!("writing Welcome: {e}")))
@@ -334,18 +294,8 @@ mod tests {
         let (ds, acs) = (secret(dialler_secret), secret(acceptor_secret));
         let (d_id, a_id) = (NodeId::from_u64(1), NodeId::from_u64(2));
         let exporter = [9u8; 32];
-        let db = Binding {
-            secret: &ds,
-            exporter,
-            own: d_id,
-            peer: a_id,
-        };
-        let ab = Binding {
-            secret: &acs,
-            exporter,
-            own: a_id,
-            peer: d_id,
-        };
+        let db = Binding { secret: &ds, exporter, own: d_id, peer: a_id };
+        let ab = Binding { secret: &acs, exporter, own: a_id, peer: d_id };
         tokio::join!(dial(&mut aw, &mut ar, &db), accept(&mut bw, &mut br, &ab))
     }
 
@@ -360,13 +310,7 @@ mod tests {
     async fn wrong_secret_is_refused_with_the_reason() {
         let (d, a) = exchange("wrong", "s3cret").await;
         assert_eq!(a, Err(RefusalReason::JoinSecretMismatch));
-        assert!(
-            matches!(
-                d,
-                Err(DialOutcome::Refused(RefusalReason::JoinSecretMismatch))
-            ),
-            "{d:?}"
-        );
+        assert!(matches!(d, Err(DialOutcome::Refused(RefusalReason::JoinSecretMismatch))), "{d:?}");
     }
 
     #[tokio::test]
@@ -375,62 +319,28 @@ mod tests {
         let (mut ar, mut aw) = tokio::io::split(a);
         let (mut br, mut bw) = tokio::io::split(b);
         let s = secret("x");
-        let bind = Binding {
-            secret: &s,
-            exporter: [0; 32],
-            own: NodeId::from_u64(2),
-            peer: NodeId::from_u64(1),
-        };
-        let hello = Frame::Hello {
-            version: PROTOCOL_VERSION + 1,
-            proof: [0; 32],
-        };
-        let (_, verdict) = tokio::join!(
-            write_frame(&mut aw, &hello),
-            accept(&mut bw, &mut br, &bind)
-        );
+        let bind = Binding { secret: &s, exporter: [0; 32], own: NodeId::from_u64(2), peer: NodeId::from_u64(1) };
+        let hello = Frame::Hello { version: PROTOCOL_VERSION + 1, proof: [0; 32] };
+        let (_, verdict) = tokio::join!(write_frame(&mut aw, &hello), accept(&mut bw, &mut br, &bind));
         assert_eq!(
             verdict,
-            Err(RefusalReason::VersionMismatch {
-                ours: PROTOCOL_VERSION,
-                theirs: Some(PROTOCOL_VERSION + 1)
-            })
+            Err(RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(PROTOCOL_VERSION + 1) })
         );
         let reply = read_frame(&mut ar).await.expect("refuse frame");
-        let Frame::Refuse(r) = reply else {
-            panic!("expected Refuse, got {reply:?}")
-        };
-        assert!(matches!(
-            RefusalReason::decode(&r),
-            RefusalReason::VersionMismatch { .. }
-        ));
+        let Frame::Refuse(r) = reply else { panic!("expected Refuse, got {reply:?}") };
+        assert!(matches!(RefusalReason::decode(&r), RefusalReason::VersionMismatch { .. }));
     }
 
     #[tokio::test]
     async fn a_proof_from_another_session_is_rejected() {
         let s = secret("same");
         let (d, a) = (NodeId::from_u64(1), NodeId::from_u64(2));
-        let session1 = Binding {
-            secret: &s,
-            exporter: [1; 32],
-            own: d,
-            peer: a,
-        };
-        let session2 = Binding {
-            secret: &s,
-            exporter: [2; 32],
-            own: a,
-            peer: d,
-        };
+        let session1 = Binding { secret: &s, exporter: [1; 32], own: d, peer: a };
+        let session2 = Binding { secret: &s, exporter: [2; 32], own: a, peer: d };
         let replayed = session1.own_proof(Role::Dialler);
         assert!(!session2.peer_proof_valid(Role::Dialler, &replayed));
         // and a proof cannot be reflected to its sender in the other role
-        let reflect = Binding {
-            secret: &s,
-            exporter: [1; 32],
-            own: a,
-            peer: d,
-        };
+        let reflect = Binding { secret: &s, exporter: [1; 32], own: a, peer: d };
         assert!(!reflect.peer_proof_valid(Role::Acceptor, &replayed));
     }
 

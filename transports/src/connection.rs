@@ -148,19 +148,11 @@ impl fmt::Debug for Connection {
 
 impl Connection {
     pub(crate) fn from_quic(peer: NodeId, conn: QuicConnection) -> Connection {
-        Connection {
-            peer,
-            remote: conn.remote_address(),
-            inner: Inner::Quic(conn),
-        }
+        Connection { peer, remote: conn.remote_address(), inner: Inner::Quic(conn) }
     }
 
     pub(crate) fn from_mux(peer: NodeId, remote: SocketAddr, conn: MuxConnection) -> Connection {
-        Connection {
-            peer,
-            remote,
-            inner: Inner::Mux(conn),
-        }
+        Connection { peer, remote, inner: Inner::Mux(conn) }
     }
 
     /// A connected in-memory pair `(a, b)`: `a` sees peer `b_id`, `b` sees peer `a_id`.
@@ -206,10 +198,7 @@ impl Connection {
     /// datagram that does not fit the send queue is dropped, as on a congested network.
     pub fn send_datagram(&self, payload: Bytes) -> Result<(), DatagramError> {
         if payload.len() > MAX_DATAGRAM {
-            return Err(DatagramError::TooLarge {
-                len: payload.len(),
-                max: MAX_DATAGRAM,
-            });
+            return Err(DatagramError::TooLarge { len: payload.len(), max: MAX_DATAGRAM });
         }
         match &self.inner {
             Inner::Quic(c) => c.send_datagram(payload),
@@ -229,32 +218,24 @@ impl Connection {
     /// limit is reached.
     pub async fn open_stream(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
         match &self.inner {
-            Inner::Quic(c) => c.open_stream().await.map(|(s, r)| {
-                (
-                    SendStream(SendInner::Quic(s)),
-                    RecvStream(RecvInner::Quic(r)),
-                )
-            }),
-            Inner::Mux(m) => m
-                .open_stream()
-                .await
-                .map(|(s, r)| (SendStream(SendInner::Mux(s)), RecvStream(RecvInner::Mux(r)))),
+            Inner::Quic(c) => {
+                c.open_stream().await.map(|(s, r)| (SendStream(SendInner::Quic(s)), RecvStream(RecvInner::Quic(r))))
+            }
+            Inner::Mux(m) => {
+                m.open_stream().await.map(|(s, r)| (SendStream(SendInner::Mux(s)), RecvStream(RecvInner::Mux(r))))
+            }
         }
     }
 
     /// Waits for the peer to open a bidirectional stream.
     pub async fn accept_stream(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
         match &self.inner {
-            Inner::Quic(c) => c.accept_stream().await.map(|(s, r)| {
-                (
-                    SendStream(SendInner::Quic(s)),
-                    RecvStream(RecvInner::Quic(r)),
-                )
-            }),
-            Inner::Mux(m) => m
-                .accept_stream()
-                .await
-                .map(|(s, r)| (SendStream(SendInner::Mux(s)), RecvStream(RecvInner::Mux(r)))),
+            Inner::Quic(c) => {
+                c.accept_stream().await.map(|(s, r)| (SendStream(SendInner::Quic(s)), RecvStream(RecvInner::Quic(r))))
+            }
+            Inner::Mux(m) => {
+                m.accept_stream().await.map(|(s, r)| (SendStream(SendInner::Mux(s)), RecvStream(RecvInner::Mux(r))))
+            }
         }
     }
 
@@ -314,11 +295,7 @@ impl fmt::Debug for RecvStream {
 }
 
 impl AsyncWrite for SendStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match &mut self.get_mut().0 {
             SendInner::Quic(s) => AsyncWrite::poll_write(Pin::new(s), cx, buf),
             SendInner::Mux(s) => Pin::new(s).poll_write(cx, buf),
@@ -341,11 +318,7 @@ impl AsyncWrite for SendStream {
 }
 
 impl AsyncRead for RecvStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().0 {
             RecvInner::Quic(r) => AsyncRead::poll_read(Pin::new(r), cx, buf),
             RecvInner::Mux(r) => Pin::new(r).poll_read(cx, buf),

@@ -57,19 +57,12 @@ impl Frame {
                 let mut p = Vec::with_capacity(34);
                 p.extend_from_slice(&version.to_be_bytes());
                 p.extend_from_slice(proof);
-                let kind = if matches!(self, Frame::Hello { .. }) {
-                    HELLO
-                } else {
-                    WELCOME
-                };
+                let kind = if matches!(self, Frame::Hello { .. }) { HELLO } else { WELCOME };
                 (kind, p)
             }
             Frame::Refuse(b) => (REFUSE, b.to_vec()),
             Frame::Datagram(b) => (DATAGRAM, b.to_vec()),
-            Frame::Close(reason) => (
-                CLOSE,
-                truncate_utf8(reason, MAX_PAYLOAD).as_bytes().to_vec(),
-            ),
+            Frame::Close(reason) => (CLOSE, truncate_utf8(reason, MAX_PAYLOAD).as_bytes().to_vec()),
             Frame::Ping => (PING, Vec::new()),
         }
     }
@@ -77,10 +70,7 @@ impl Frame {
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Frame, FrameError> {
         let versioned = |p: &[u8]| -> Result<(u16, [u8; 32]), FrameError> {
             if p.len() != 34 {
-                return Err(FrameError::Malformed(format!(
-                    "handshake frame of {} bytes, expected 34",
-                    p.len()
-                )));
+                return Err(FrameError::Malformed(format!("handshake frame of {} bytes, expected 34", p.len())));
             }
             let version = u16::from_be_bytes([p[0], p[1]]);
             let mut proof = [0u8; 32];
@@ -106,20 +96,14 @@ impl Frame {
 }
 
 /// Writes one frame and flushes it.
-pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    frame: &Frame,
-) -> std::io::Result<()> {
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> std::io::Result<()> {
     let (kind, payload) = frame.encode();
-    let len = u16::try_from(payload.len())
-        .ok()
-        .filter(|&l| usize::from(l) <= MAX_PAYLOAD)
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("control frame payload of {} bytes", payload.len()),
-            )
-        })?;
+    let len = u16::try_from(payload.len()).ok().filter(|&l| usize::from(l) <= MAX_PAYLOAD).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("control frame payload of {} bytes", payload.len()),
+        )
+    })?;
     let mut buf = Vec::with_capacity(3 + payload.len());
     buf.push(kind);
     buf.extend_from_slice(&len.to_be_bytes());
@@ -138,9 +122,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame,
     r.read_exact(&mut header[1..]).await?;
     let len = usize::from(u16::from_be_bytes([header[1], header[2]]));
     if len > MAX_PAYLOAD {
-        return Err(FrameError::Malformed(format!(
-            "frame payload of {len} bytes exceeds {MAX_PAYLOAD}"
-        )));
+        return Err(FrameError::Malformed(format!("frame payload of {len} bytes exceeds {MAX_PAYLOAD}")));
     }
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload).await?;
@@ -171,14 +153,8 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip() {
         for f in [
-            Frame::Hello {
-                version: 1,
-                proof: [7; 32],
-            },
-            Frame::Welcome {
-                version: 9,
-                proof: [1; 32],
-            },
+            Frame::Hello { version: 1, proof: [7; 32] },
+            Frame::Welcome { version: 9, proof: [1; 32] },
             Frame::Refuse(Bytes::from_static(b"\x01")),
             Frame::Datagram(Bytes::from(vec![3u8; 1100])),
             Frame::Close("bye".into()),

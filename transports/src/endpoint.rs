@@ -207,9 +207,7 @@ impl ConnectError {
     pub fn is_unreachable(&self) -> bool {
         matches!(
             self,
-            ConnectError::Unreachable { .. }
-                | ConnectError::TimedOut { .. }
-                | ConnectError::NeitherTransport { .. }
+            ConnectError::Unreachable { .. } | ConnectError::TimedOut { .. } | ConnectError::NeitherTransport { .. }
         )
     }
 }
@@ -264,8 +262,7 @@ impl Endpoint {
     pub fn dialer(config: EndpointConfig) -> Result<Endpoint, EndpointError> {
         tokio::runtime::Handle::try_current().map_err(|_| EndpointError::NoRuntime)?;
         let (settings, fallback) = settings(config);
-        tls::client_config(&settings.identity, &settings.alpn)
-            .map_err(|e| EndpointError::Tls(e.to_string()))?;
+        tls::client_config(&settings.identity, &settings.alpn).map_err(|e| EndpointError::Tls(e.to_string()))?;
         Ok(Endpoint {
             settings: Arc::new(settings),
             quic_fallback_after: fallback,
@@ -293,48 +290,28 @@ impl Endpoint {
             (None, Some(t)) => t.local_addr(),
             (None, None) => return Err(EndpointError::NothingToListen),
         }
-        .map_err(|source| EndpointError::Bind {
-            addr,
-            protocol: "UDP",
-            source,
-        })?;
+        .map_err(|source| EndpointError::Bind { addr, protocol: "UDP", source })?;
         let server = match udp {
             Some(udp) => {
                 let config = quic::server_config(&endpoint.settings).map_err(EndpointError::Tls)?;
                 let runtime = quinn::default_runtime().ok_or(EndpointError::NoRuntime)?;
                 Some(
-                    quinn::Endpoint::new(
-                        quinn::EndpointConfig::default(),
-                        Some(config),
-                        udp,
-                        runtime,
-                    )
-                    .map_err(|source| EndpointError::Bind {
-                        addr: local,
-                        protocol: "UDP",
-                        source,
-                    })?,
+                    quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(config), udp, runtime)
+                        .map_err(|source| EndpointError::Bind { addr: local, protocol: "UDP", source })?,
                 )
             }
             None => None,
         };
         let tcp = match tcp {
-            Some(t) => Some(tokio::net::TcpListener::from_std(t).map_err(|source| {
-                EndpointError::Bind {
-                    addr: local,
-                    protocol: "TCP",
-                    source,
-                }
+            Some(t) => Some(tokio::net::TcpListener::from_std(t).map_err(|source| EndpointError::Bind {
+                addr: local,
+                protocol: "TCP",
+                source,
             })?),
             None => None,
         };
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-        let task = tokio::spawn(accept_loop(
-            server.clone(),
-            tcp,
-            endpoint.settings.clone(),
-            tx,
-        ));
+        let task = tokio::spawn(accept_loop(server.clone(), tcp, endpoint.settings.clone(), tx));
         endpoint.local_addr = Some(local);
         endpoint.server = server;
         endpoint.accepted = tokio::sync::Mutex::new(Some(rx));
@@ -373,25 +350,13 @@ impl Endpoint {
         if let Some(server) = &self.server {
             server.set_server_config(None);
         }
-        drop(
-            self.acceptor
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        drop(self.acceptor.lock().unwrap_or_else(PoisonError::into_inner).take());
     }
 
     /// Dials `addr`, authenticates it and runs admission, over the transport `mode` picks.
-    pub async fn connect(
-        &self,
-        addr: SocketAddr,
-        mode: TransportMode,
-    ) -> Result<Connection, ConnectError> {
+    pub async fn connect(&self, addr: SocketAddr, mode: TransportMode) -> Result<Connection, ConnectError> {
         match mode {
-            TransportMode::Quic => {
-                self.connect_quic(addr, self.settings.handshake_timeout)
-                    .await
-            }
+            TransportMode::Quic => self.connect_quic(addr, self.settings.handshake_timeout).await,
             TransportMode::Tcp => self.connect_tcp(addr).await,
             TransportMode::Auto => {
                 let quic = match self.connect_quic(addr, self.quic_fallback_after).await {
@@ -402,35 +367,27 @@ impl Endpoint {
                 tracing::info!(%addr, "QUIC failed ({quic}); falling back to TCP+TLS");
                 match self.connect_tcp(addr).await {
                     Ok(conn) => Ok(conn),
-                    Err(tcp) if tcp.is_unreachable() => Err(ConnectError::NeitherTransport {
-                        addr,
-                        quic: Box::new(quic),
-                        tcp: Box::new(tcp),
-                    }),
+                    Err(tcp) if tcp.is_unreachable() => {
+                        Err(ConnectError::NeitherTransport { addr, quic: Box::new(quic), tcp: Box::new(tcp) })
+                    }
                     Err(tcp) => Err(tcp),
                 }
             }
         }
     }
 
-    async fn connect_quic(
-        &self,
-        addr: SocketAddr,
-        handshake_within: Duration,
-    ) -> Result<Connection, ConnectError> {
+    async fn connect_quic(&self, addr: SocketAddr, handshake_within: Duration) -> Result<Connection, ConnectError> {
         let endpoint = self.dial_endpoint(addr)?;
         quic::dial(&endpoint, &self.settings, addr, handshake_within).await
     }
 
     async fn connect_tcp(&self, addr: SocketAddr) -> Result<Connection, ConnectError> {
         let within = self.settings.handshake_timeout;
-        tokio::time::timeout(within, tcp::dial(&self.settings, addr))
-            .await
-            .unwrap_or(Err(ConnectError::TimedOut {
-                addr,
-                transport: Transport::Tcp,
-                after: within,
-            }))
+        tokio::time::timeout(within, tcp::dial(&self.settings, addr)).await.unwrap_or(Err(ConnectError::TimedOut {
+            addr,
+            transport: Transport::Tcp,
+            after: within,
+        }))
     }
 
     /// The client-side QUIC socket for `addr`'s address family, bound on first use.
@@ -473,11 +430,7 @@ type Bound = (Option<std::net::UdpSocket>, Option<std::net::TcpListener>);
 /// retries when that number is taken on TCP.
 fn bind_same_port(addr: SocketAddr, quic: bool, tcp: bool) -> Result<Bound, EndpointError> {
     let bind_udp = |a: SocketAddr| {
-        std::net::UdpSocket::bind(a).map_err(|source| EndpointError::Bind {
-            addr: a,
-            protocol: "UDP",
-            source,
-        })
+        std::net::UdpSocket::bind(a).map_err(|source| EndpointError::Bind { addr: a, protocol: "UDP", source })
     };
     let bind_tcp = |a: SocketAddr| {
         let listener = std::net::TcpListener::bind(a).map_err(|source| EndpointError::Bind {
@@ -485,13 +438,7 @@ fn bind_same_port(addr: SocketAddr, quic: bool, tcp: bool) -> Result<Bound, Endp
             protocol: "TCP",
             source,
         })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| EndpointError::Bind {
-                addr: a,
-                protocol: "TCP",
-                source,
-            })?;
+        listener.set_nonblocking(true).map_err(|source| EndpointError::Bind { addr: a, protocol: "TCP", source })?;
         Ok::<_, EndpointError>(listener)
     };
     if !(quic && tcp && addr.port() == 0) {
@@ -502,14 +449,7 @@ fn bind_same_port(addr: SocketAddr, quic: bool, tcp: bool) -> Result<Bound, Endp
     let mut last = None;
     for _ in 0..16 {
         let udp = bind_udp(addr)?;
-        let port = udp
-            .local_addr()
-            .map_err(|source| EndpointError::Bind {
-                addr,
-                protocol: "UDP",
-                source,
-            })?
-            .port();
+        let port = udp.local_addr().map_err(|source| EndpointError::Bind { addr, protocol: "UDP", source })?.port();
         match bind_tcp(SocketAddr::new(addr.ip(), port)) {
             Ok(tcp) => return Ok((Some(udp), Some(tcp))),
             Err(e) => last = Some(e),
@@ -523,60 +463,35 @@ mod tests {
     use super::*;
 
     fn config(secret: &str) -> EndpointConfig {
-        EndpointConfig::new(
-            Identity::generate().expect("identity"),
-            JoinSecret::new(secret).expect("secret"),
-        )
+        EndpointConfig::new(Identity::generate().expect("identity"), JoinSecret::new(secret).expect("secret"))
     }
 
     #[test]
     fn transport_modes_parse() {
-        assert_eq!(
-            "auto".parse::<TransportMode>().ok(),
-            Some(TransportMode::Auto)
-        );
-        assert_eq!(
-            "QUIC".parse::<TransportMode>().ok(),
-            Some(TransportMode::Quic)
-        );
-        assert_eq!(
-            "tcp".parse::<TransportMode>().ok(),
-            Some(TransportMode::Tcp)
-        );
+        assert_eq!("auto".parse::<TransportMode>().ok(), Some(TransportMode::Auto));
+        assert_eq!("QUIC".parse::<TransportMode>().ok(), Some(TransportMode::Quic));
+        assert_eq!("tcp".parse::<TransportMode>().ok(), Some(TransportMode::Tcp));
         let err = "udp".parse::<TransportMode>().expect_err("not a mode");
         assert!(err.to_string().contains("auto, quic or tcp"));
     }
 
     #[test]
     fn endpoints_need_a_runtime() {
-        assert!(matches!(
-            Endpoint::dialer(config("s")),
-            Err(EndpointError::NoRuntime)
-        ));
+        assert!(matches!(Endpoint::dialer(config("s")), Err(EndpointError::NoRuntime)));
     }
 
     /// A dialler speaking another ALPN version gets a version-mismatch error on both
     /// transports (the ALPN is not configurable from outside the crate).
     #[tokio::test]
     async fn another_protocol_version_is_a_typed_error() {
-        let listener =
-            Endpoint::listen((Ipv4Addr::LOCALHOST, 0).into(), config("s")).expect("listen");
+        let listener = Endpoint::listen((Ipv4Addr::LOCALHOST, 0).into(), config("s")).expect("listen");
         let addr = listener.local_addr().expect("bound");
         let (mut settings, _) = settings(config("s"));
         settings.alpn = b"tela/999".to_vec();
-        let client = Endpoint {
-            settings: Arc::new(settings),
-            ..Endpoint::dialer(config("s")).expect("dialer")
-        };
+        let client = Endpoint { settings: Arc::new(settings), ..Endpoint::dialer(config("s")).expect("dialer") };
         for mode in [TransportMode::Quic, TransportMode::Tcp] {
-            let err = client
-                .connect(addr, mode)
-                .await
-                .expect_err("must be refused");
-            assert!(
-                matches!(err, ConnectError::VersionMismatch { .. }),
-                "{mode}: {err}"
-            );
+            let err = client.connect(addr, mode).await.expect_err("must be refused");
+            assert!(matches!(err, ConnectError::VersionMismatch { .. }), "{mode}: {err}");
             assert!(err.to_string().contains("same Tela release"), "{err}");
         }
     }

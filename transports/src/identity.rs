@@ -85,9 +85,7 @@ impl Clone for Identity {
 
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Identity")
-            .field("node_id", &self.node_id)
-            .finish_non_exhaustive()
+        f.debug_struct("Identity").field("node_id", &self.node_id).finish_non_exhaustive()
     }
 }
 
@@ -113,23 +111,16 @@ impl Identity {
         match std::fs::read_to_string(path) {
             Ok(pem) => {
                 warn_if_readable_by_others(path);
-                Identity::from_pem(&pem).map_err(|detail| IdentityError::Corrupt {
-                    path: path.to_path_buf(),
-                    detail,
-                })
+                Identity::from_pem(&pem).map_err(|detail| IdentityError::Corrupt { path: path.to_path_buf(), detail })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Identity::create(path),
-            Err(source) => Err(IdentityError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
+            Err(source) => Err(IdentityError::Read { path: path.to_path_buf(), source }),
         }
     }
 
     /// A fresh identity that lives only in memory (tests, `tela demo`).
     pub fn generate() -> Result<Identity, IdentityError> {
-        let key = KeyPair::generate_for(&PKCS_ED25519)
-            .map_err(|e| IdentityError::Crypto(e.to_string()))?;
+        let key = KeyPair::generate_for(&PKCS_ED25519).map_err(|e| IdentityError::Crypto(e.to_string()))?;
         Identity::from_key(&key).map_err(IdentityError::Crypto)
     }
 
@@ -153,12 +144,8 @@ impl Identity {
     }
 
     fn create(path: &Path) -> Result<Identity, IdentityError> {
-        let write_err = |source| IdentityError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
-        let key = KeyPair::generate_for(&PKCS_ED25519)
-            .map_err(|e| IdentityError::Crypto(e.to_string()))?;
+        let write_err = |source| IdentityError::Write { path: path.to_path_buf(), source };
+        let key = KeyPair::generate_for(&PKCS_ED25519).map_err(|e| IdentityError::Crypto(e.to_string()))?;
         let pem = key.serialize_pem();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_private_dir(dir).map_err(write_err)?;
@@ -167,43 +154,29 @@ impl Identity {
         static ATTEMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let attempt = ATTEMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = path.with_extension(format!("tmp-{}-{attempt}", std::process::id()));
-        let written =
-            write_private_file(&tmp, pem.as_bytes()).and_then(|()| std::fs::hard_link(&tmp, path));
+        let written = write_private_file(&tmp, pem.as_bytes()).and_then(|()| std::fs::hard_link(&tmp, path));
         let _ = std::fs::remove_file(&tmp);
         match written {
             Ok(()) => Identity::from_key(&key).map_err(IdentityError::Crypto),
             // Another process created it between our read and our link: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Identity::load_or_create(path)
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Identity::load_or_create(path),
             Err(e) => Err(write_err(e)),
         }
     }
 
     fn from_pem(pem: &str) -> Result<Identity, String> {
-        let key =
-            KeyPair::from_pkcs8_pem_and_sign_algo(pem, &PKCS_ED25519).map_err(|e| e.to_string())?;
+        let key = KeyPair::from_pkcs8_pem_and_sign_algo(pem, &PKCS_ED25519).map_err(|e| e.to_string())?;
         Identity::from_key(&key)
     }
 
     fn from_key(key: &KeyPair) -> Result<Identity, String> {
-        let public_key: [u8; 32] = key
-            .public_key_raw()
-            .try_into()
-            .map_err(|_| "the public key is not 32 bytes long".to_string())?;
+        let public_key: [u8; 32] =
+            key.public_key_raw().try_into().map_err(|_| "the public key is not 32 bytes long".to_string())?;
         let node_id = node_id_from_public_key(&public_key);
-        let mut params =
-            CertificateParams::new(vec!["tela".to_string()]).map_err(|e| e.to_string())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("tela node {node_id:?}"));
+        let mut params = CertificateParams::new(vec!["tela".to_string()]).map_err(|e| e.to_string())?;
+        params.distinguished_name.push(DnType::CommonName, format!("tela node {node_id:?}"));
         let certificate = params.self_signed(key).map_err(|e| e.to_string())?;
-        Ok(Identity {
-            node_id,
-            public_key,
-            pkcs8: key.serialize_der(),
-            certificate: certificate.der().clone(),
-        })
+        Ok(Identity { node_id, public_key, pkcs8: key.serialize_der(), certificate: certificate.der().clone() })
     }
 }
 
@@ -218,10 +191,7 @@ pub fn node_id_from_public_key(public_key: &[u8]) -> NodeId {
 #[cfg(unix)]
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
 #[cfg(not(unix))]

@@ -84,11 +84,7 @@ pub mod tunnel;
 
 pub use accept::{Accepted, Refusal, MAX_PENDING_HANDSHAKES};
 pub use admission::{JoinSecret, JoinSecretError, RefusalReason, PROTOCOL_VERSION};
-pub use connection::{
-    CloseReason, Connection, ConnectionError, DatagramError, RecvStream, SendStream, Transport,
-};
-pub use endpoint::{
-    ConnectError, Endpoint, EndpointConfig, EndpointError, TransportMode, UnknownTransportMode,
-};
+pub use connection::{CloseReason, Connection, ConnectionError, DatagramError, RecvStream, SendStream, Transport};
+pub use endpoint::{ConnectError, Endpoint, EndpointConfig, EndpointError, TransportMode, UnknownTransportMode};
 pub use identity::{node_id_from_public_key, Identity, IdentityError};
 pub use tls::ALPN;

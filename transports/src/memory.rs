@@ -13,23 +13,16 @@ use tela_core::NodeId;
 /// A connected in-memory pair; see [`Connection::pair`].
 pub(crate) async fn pair(a_id: NodeId, b_id: NodeId) -> (Connection, Connection) {
     let (a_io, b_io) = tokio::io::duplex(256 * 1024);
-    let timing = Timing {
-        keep_alive: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(30),
-    };
+    let timing = Timing { keep_alive: Duration::from_secs(5), idle_timeout: Duration::from_secs(30) };
     let dial = async {
-        let (conn, mut control, activation) =
-            start(a_io, Side::Dialler, Transport::Memory, None).await?;
+        let (conn, mut control, activation) = start(a_io, Side::Dialler, Transport::Memory, None).await?;
         // Make the control stream visible to the other end.
-        write_frame(&mut control.write, &Frame::Ping)
-            .await
-            .map_err(|e| e.to_string())?;
+        write_frame(&mut control.write, &Frame::Ping).await.map_err(|e| e.to_string())?;
         activation.activate(control, timing);
         Ok::<_, String>(conn)
     };
     let accept = async {
-        let (conn, mut control, activation) =
-            start(b_io, Side::Acceptor, Transport::Memory, None).await?;
+        let (conn, mut control, activation) = start(b_io, Side::Acceptor, Transport::Memory, None).await?;
         match read_frame(&mut control.read).await {
             Ok(Frame::Ping) => {}
             other => return Err(format!("unexpected first control frame: {other:?}")),
@@ -39,13 +32,7 @@ pub(crate) async fn pair(a_id: NodeId, b_id: NodeId) -> (Connection, Connection)
     };
     let (a, b) = tokio::join!(dial, accept);
     // Both ends live in this process on a pipe that cannot fail, so an error here is a bug.
-    let (a, b) = (
-        a.expect("in-memory dialler set up"),
-        b.expect("in-memory acceptor set up"),
-    );
+    let (a, b) = (a.expect("in-memory dialler set up"), b.expect("in-memory acceptor set up"));
     let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    (
-        Connection::from_mux(b_id, local, a),
-        Connection::from_mux(a_id, local, b),
-    )
+    (Connection::from_mux(b_id, local, a), Connection::from_mux(a_id, local, b))
 }

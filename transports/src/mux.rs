@@ -88,12 +88,7 @@ struct Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         // The last handle and the last stream are gone: close, which ends the driver.
-        set_if_open(
-            &self.state,
-            CloseReason::Local {
-                reason: "connection dropped".into(),
-            },
-        );
+        set_if_open(&self.state, CloseReason::Local { reason: "connection dropped".into() });
     }
 }
 
@@ -181,27 +176,24 @@ where
             permits,
         }),
     };
-    let control =
-        match side {
-            Side::Dialler => {
-                let (tx, rx) = oneshot::channel();
-                conn.shared.opens.send(tx).await.map_err(|_| {
-                    "the session ended before the control stream opened".to_string()
-                })?;
-                rx.await
-            }
-            Side::Acceptor => control_rx.await,
+    let control = match side {
+        Side::Dialler => {
+            let (tx, rx) = oneshot::channel();
+            conn.shared
+                .opens
+                .send(tx)
+                .await
+                .map_err(|_| "the session ended before the control stream opened".to_string())?;
+            rx.await
         }
-        .map_err(|_| match conn.close_reason() {
-            Some(reason) => format!("the session ended before the control stream opened: {reason}"),
-            None => "the session ended before the control stream opened".to_string(),
-        })?;
+        Side::Acceptor => control_rx.await,
+    }
+    .map_err(|_| match conn.close_reason() {
+        Some(reason) => format!("the session ended before the control stream opened: {reason}"),
+        None => "the session ended before the control stream opened".to_string(),
+    })?;
     let (read, write) = tokio::io::split(control.compat());
-    Ok((
-        conn,
-        Control { read, write },
-        Activation { tx: activate_tx },
-    ))
+    Ok((conn, Control { read, write }, Activation { tx: activate_tx }))
 }
 
 impl MuxConnection {
@@ -214,9 +206,7 @@ impl MuxConnection {
     }
 
     fn closed_error(&self) -> ConnectionError {
-        ConnectionError::Closed(self.close_reason().unwrap_or(CloseReason::Lost {
-            detail: "the session ended".into(),
-        }))
+        ConnectionError::Closed(self.close_reason().unwrap_or(CloseReason::Lost { detail: "the session ended".into() }))
     }
 
     pub(crate) fn send_datagram(&self, payload: Bytes) -> Result<(), DatagramError> {
@@ -250,11 +240,7 @@ impl MuxConnection {
             return Err(self.closed_error());
         }
         let (tx, rx) = oneshot::channel();
-        self.shared
-            .opens
-            .send(tx)
-            .await
-            .map_err(|_| self.closed_error())?;
+        self.shared.opens.send(tx).await.map_err(|_| self.closed_error())?;
         let stream = rx.await.map_err(|_| self.closed_error())?;
         Ok(self.wrap(stream, permit))
     }
@@ -268,30 +254,13 @@ impl MuxConnection {
     }
 
     fn wrap(&self, stream: yamux::Stream, permit: OwnedSemaphorePermit) -> (MuxSend, MuxRecv) {
-        let guard = Arc::new(StreamGuard {
-            _permit: permit,
-            _conn: self.shared.clone(),
-        });
+        let guard = Arc::new(StreamGuard { _permit: permit, _conn: self.shared.clone() });
         let (read, write) = tokio::io::split(stream.compat());
-        (
-            MuxSend {
-                io: write,
-                _guard: guard.clone(),
-            },
-            MuxRecv {
-                io: read,
-                _guard: guard,
-            },
-        )
+        (MuxSend { io: write, _guard: guard.clone() }, MuxRecv { io: read, _guard: guard })
     }
 
     pub(crate) fn close(&self, reason: &str) {
-        set_if_open(
-            &self.shared.state,
-            CloseReason::Local {
-                reason: reason.to_string(),
-            },
-        );
+        set_if_open(&self.shared.state, CloseReason::Local { reason: reason.to_string() });
     }
 
     pub(crate) async fn closed(&self) -> CloseReason {
@@ -301,9 +270,7 @@ impl MuxConnection {
             Ok(r) => r.clone(),
             Err(_) => None,
         };
-        reason.unwrap_or(CloseReason::Lost {
-            detail: "the session ended".into(),
-        })
+        reason.unwrap_or(CloseReason::Lost { detail: "the session ended".into() })
     }
 
     pub(crate) fn close_reason(&self) -> Option<CloseReason> {
@@ -330,11 +297,7 @@ pub(crate) struct MuxRecv {
 }
 
 impl AsyncWrite for MuxSend {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -348,11 +311,7 @@ impl AsyncWrite for MuxSend {
 }
 
 impl AsyncRead for MuxRecv {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
@@ -431,13 +390,7 @@ struct Driver<T> {
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Driver<T> {
     async fn run(self) {
-        let Driver {
-            mut io,
-            state,
-            mut activate,
-            datagrams_out,
-            datagrams_in,
-        } = self;
+        let Driver { mut io, state, mut activate, datagrams_out, datagrams_in } = self;
         let mut state_rx = state.subscribe();
         let mut children = JoinSet::new();
         let mut reader = None;
@@ -475,8 +428,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Driver<T> {
                         _ = tokio::time::sleep(CLOSE_GRACE) => {}
                     }
                 }
-                let _ = tokio::time::timeout(CLOSE_GRACE, poll_fn(|cx| io.session.poll_close(cx)))
-                    .await;
+                let _ = tokio::time::timeout(CLOSE_GRACE, poll_fn(|cx| io.session.poll_close(cx))).await;
             }
             Some(result) => {
                 // The session ended under us. The peer's Close frame may still sit unread in
@@ -530,28 +482,16 @@ async fn read_control(
             Ok(other) => {
                 set_if_open(
                     &state,
-                    CloseReason::Lost {
-                        detail: format!("protocol violation: unexpected {other:?} frame"),
-                    },
+                    CloseReason::Lost { detail: format!("protocol violation: unexpected {other:?} frame") },
                 );
                 return;
             }
             Err(FrameError::Eof) => {
-                set_if_open(
-                    &state,
-                    CloseReason::Lost {
-                        detail: "the peer ended the control stream".into(),
-                    },
-                );
+                set_if_open(&state, CloseReason::Lost { detail: "the peer ended the control stream".into() });
                 return;
             }
             Err(e) => {
-                set_if_open(
-                    &state,
-                    CloseReason::Lost {
-                        detail: e.to_string(),
-                    },
-                );
+                set_if_open(&state, CloseReason::Lost { detail: e.to_string() });
                 return;
             }
         }

@@ -31,9 +31,7 @@ const MAX_STREAMS: u32 = 256;
 fn transport_config(s: &Settings) -> Result<quinn::TransportConfig, String> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(s.keep_alive));
-    t.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(s.idle_timeout).map_err(|e| e.to_string())?,
-    ));
+    t.max_idle_timeout(Some(quinn::IdleTimeout::try_from(s.idle_timeout).map_err(|e| e.to_string())?));
     t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     t.max_concurrent_uni_streams(0u32.into());
     // Room for a few hundred gossip datagrams in each direction.
@@ -66,25 +64,15 @@ pub(crate) async fn dial(
     addr: SocketAddr,
     handshake_within: Duration,
 ) -> Result<Connection, ConnectError> {
-    let config = client_config(settings).map_err(|detail| ConnectError::Setup {
+    let config =
+        client_config(settings).map_err(|detail| ConnectError::Setup { transport: Transport::Quic, detail })?;
+    let connecting = endpoint.connect_with(config, addr, tls::SERVER_NAME).map_err(|e| ConnectError::Unreachable {
+        addr,
         transport: Transport::Quic,
-        detail,
+        detail: e.to_string(),
     })?;
-    let connecting = endpoint
-        .connect_with(config, addr, tls::SERVER_NAME)
-        .map_err(|e| ConnectError::Unreachable {
-            addr,
-            transport: Transport::Quic,
-            detail: e.to_string(),
-        })?;
     let conn = match tokio::time::timeout(handshake_within, connecting).await {
-        Err(_) => {
-            return Err(ConnectError::TimedOut {
-                addr,
-                transport: Transport::Quic,
-                after: handshake_within,
-            })
-        }
+        Err(_) => return Err(ConnectError::TimedOut { addr, transport: Transport::Quic, after: handshake_within }),
         Ok(Err(e)) => return Err(classify(addr, e, handshake_within)),
         Ok(Ok(conn)) => conn,
     };
@@ -92,19 +80,10 @@ pub(crate) async fn dial(
         conn.close(CLOSE_NORMAL.into(), b"admission failed");
         e
     };
-    let (peer, exporter) =
-        session_facts(&conn).map_err(|detail| fail(&conn, handshake_error(addr, detail)))?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-    };
+    let (peer, exporter) = session_facts(&conn).map_err(|detail| fail(&conn, handshake_error(addr, detail)))?;
+    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
     let admitted = tokio::time::timeout(settings.handshake_timeout, async {
-        let (mut send, mut recv) = conn
-            .open_bi()
-            .await
-            .map_err(|e| DialOutcome::Broken(e.to_string()))?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
         admission::dial(&mut send, &mut recv, &binding).await?;
         let _ = send.shutdown().await;
         Ok(())
@@ -120,58 +99,32 @@ pub(crate) async fn dial(
         Ok(Err(DialOutcome::Broken(detail))) => Err(match conn.close_reason() {
             // The acceptor closed the connection with its refusal before our read saw the
             // Refuse frame.
-            Some(quinn::ConnectionError::ApplicationClosed(c))
-                if c.error_code == CLOSE_REFUSED.into() =>
-            {
-                ConnectError::Refused {
-                    addr,
-                    reason: RefusalReason::decode(&c.reason),
-                }
+            Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == CLOSE_REFUSED.into() => {
+                ConnectError::Refused { addr, reason: RefusalReason::decode(&c.reason) }
             }
             _ => fail(&conn, handshake_error(addr, detail)),
         }),
         Err(_) => Err(fail(
             &conn,
-            ConnectError::TimedOut {
-                addr,
-                transport: Transport::Quic,
-                after: settings.handshake_timeout,
-            },
+            ConnectError::TimedOut { addr, transport: Transport::Quic, after: settings.handshake_timeout },
         )),
     }
 }
 
 /// Completes an incoming connection and runs admission; the caller bounds the time.
-pub(crate) async fn accept(
-    incoming: quinn::Incoming,
-    settings: &Settings,
-) -> Result<Connection, Refusal> {
+pub(crate) async fn accept(incoming: quinn::Incoming, settings: &Settings) -> Result<Connection, Refusal> {
     let remote = incoming.remote_address();
-    let refusal = |peer, reason| Refusal {
-        peer,
-        remote,
-        transport: Transport::Quic,
-        reason,
-    };
-    let conn = incoming
-        .await
-        .map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?;
+    let refusal = |peer, reason| Refusal { peer, remote, transport: Transport::Quic, reason };
+    let conn = incoming.await.map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?;
     let (peer, exporter) = session_facts(&conn).map_err(|detail| {
         conn.close(CLOSE_NORMAL.into(), detail.as_bytes());
         refusal(None, RefusalReason::Handshake(detail))
     })?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-    };
-    let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| {
-        refusal(
-            Some(peer),
-            RefusalReason::ProtocolViolation(format!("no control stream: {e}")),
-        )
-    })?;
+    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
+    let (mut send, mut recv) = conn
+        .accept_bi()
+        .await
+        .map_err(|e| refusal(Some(peer), RefusalReason::ProtocolViolation(format!("no control stream: {e}"))))?;
     match admission::accept(&mut send, &mut recv, &binding).await {
         Ok(()) => {
             let _ = send.shutdown().await;
@@ -189,10 +142,7 @@ pub(crate) async fn accept(
 fn session_facts(conn: &quinn::Connection) -> Result<(NodeId, [u8; 32]), String> {
     let chain = conn
         .peer_identity()
-        .and_then(|any| {
-            any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                .ok()
-        })
+        .and_then(|any| any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
         .ok_or_else(|| "the peer presented no certificate".to_string())?;
     let peer = tls::peer_node_id(&chain)?;
     let mut exporter = [0u8; 32];
@@ -202,11 +152,7 @@ fn session_facts(conn: &quinn::Connection) -> Result<(NodeId, [u8; 32]), String>
 }
 
 fn handshake_error(addr: SocketAddr, detail: String) -> ConnectError {
-    ConnectError::Handshake {
-        addr,
-        transport: Transport::Quic,
-        detail,
-    }
+    ConnectError::Handshake { addr, transport: Transport::Quic, detail }
 }
 
 /// Turns a failed QUIC handshake into the error a user can act on.
@@ -221,20 +167,10 @@ fn classify(addr: SocketAddr, e: quinn::ConnectionError, waited: Duration) -> Co
                 detail: format!("it does not speak {}", String::from_utf8_lossy(tls::ALPN)),
             }
         }
-        E::ConnectionClosed(_) | E::ApplicationClosed(_) | E::TransportError(_) => {
-            handshake_error(addr, e.to_string())
-        }
-        E::TimedOut => ConnectError::TimedOut {
-            addr,
-            transport: Transport::Quic,
-            after: waited,
-        },
+        E::ConnectionClosed(_) | E::ApplicationClosed(_) | E::TransportError(_) => handshake_error(addr, e.to_string()),
+        E::TimedOut => ConnectError::TimedOut { addr, transport: Transport::Quic, after: waited },
         E::VersionMismatch | E::Reset | E::LocallyClosed | E::CidsExhausted => {
-            ConnectError::Unreachable {
-                addr,
-                transport: Transport::Quic,
-                detail: e.to_string(),
-            }
+            ConnectError::Unreachable { addr, transport: Transport::Quic, detail: e.to_string() }
         }
     }
 }
@@ -242,19 +178,13 @@ fn classify(addr: SocketAddr, e: quinn::ConnectionError, waited: Duration) -> Co
 fn close_reason_of(e: &quinn::ConnectionError, local: &OnceLock<String>) -> CloseReason {
     use quinn::ConnectionError as E;
     match e {
-        E::ApplicationClosed(c) if c.error_code == CLOSE_REFUSED.into() => CloseReason::Peer {
-            reason: format!("refused: {}", RefusalReason::decode(&c.reason)),
-        },
-        E::ApplicationClosed(c) => CloseReason::Peer {
-            reason: String::from_utf8_lossy(&c.reason).into_owned(),
-        },
-        E::LocallyClosed => CloseReason::Local {
-            reason: local.get().cloned().unwrap_or_default(),
-        },
+        E::ApplicationClosed(c) if c.error_code == CLOSE_REFUSED.into() => {
+            CloseReason::Peer { reason: format!("refused: {}", RefusalReason::decode(&c.reason)) }
+        }
+        E::ApplicationClosed(c) => CloseReason::Peer { reason: String::from_utf8_lossy(&c.reason).into_owned() },
+        E::LocallyClosed => CloseReason::Local { reason: local.get().cloned().unwrap_or_default() },
         E::TimedOut => CloseReason::TimedOut,
-        other => CloseReason::Lost {
-            detail: other.to_string(),
-        },
+        other => CloseReason::Lost { detail: other.to_string() },
     }
 }
 
@@ -268,10 +198,7 @@ pub(crate) struct QuicConnection {
 
 impl QuicConnection {
     fn new(conn: quinn::Connection) -> QuicConnection {
-        QuicConnection {
-            conn,
-            local_reason: Arc::new(OnceLock::new()),
-        }
+        QuicConnection { conn, local_reason: Arc::new(OnceLock::new()) }
     }
 
     fn closed_error(&self, e: &quinn::ConnectionError) -> ConnectionError {
@@ -285,10 +212,9 @@ impl QuicConnection {
     pub(crate) fn send_datagram(&self, payload: Bytes) -> Result<(), DatagramError> {
         let len = payload.len();
         self.conn.send_datagram(payload).map_err(|e| match e {
-            quinn::SendDatagramError::TooLarge => DatagramError::TooLarge {
-                len,
-                max: self.conn.max_datagram_size().unwrap_or(0),
-            },
+            quinn::SendDatagramError::TooLarge => {
+                DatagramError::TooLarge { len, max: self.conn.max_datagram_size().unwrap_or(0) }
+            }
             quinn::SendDatagramError::UnsupportedByPeer | quinn::SendDatagramError::Disabled => {
                 DatagramError::Unsupported
             }
@@ -299,25 +225,15 @@ impl QuicConnection {
     }
 
     pub(crate) async fn read_datagram(&self) -> Result<Bytes, ConnectionError> {
-        self.conn
-            .read_datagram()
-            .await
-            .map_err(|e| self.closed_error(&e))
+        self.conn.read_datagram().await.map_err(|e| self.closed_error(&e))
     }
 
-    pub(crate) async fn open_stream(
-        &self,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream), ConnectionError> {
+    pub(crate) async fn open_stream(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ConnectionError> {
         self.conn.open_bi().await.map_err(|e| self.closed_error(&e))
     }
 
-    pub(crate) async fn accept_stream(
-        &self,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream), ConnectionError> {
-        self.conn
-            .accept_bi()
-            .await
-            .map_err(|e| self.closed_error(&e))
+    pub(crate) async fn accept_stream(&self) -> Result<(quinn::SendStream, quinn::RecvStream), ConnectionError> {
+        self.conn.accept_bi().await.map_err(|e| self.closed_error(&e))
     }
 
     pub(crate) fn close(&self, reason: &str) {
@@ -337,8 +253,6 @@ impl QuicConnection {
     }
 
     pub(crate) fn close_reason(&self) -> Option<CloseReason> {
-        self.conn
-            .close_reason()
-            .map(|e| close_reason_of(&e, &self.local_reason))
+        self.conn.close_reason().map(|e| close_reason_of(&e, &self.local_reason))
     }
 }

@@ -20,72 +20,40 @@ fn no_delay(tcp: &TcpStream) -> std::io::Result<bool> {
 }
 
 fn timing(s: &Settings) -> Timing {
-    Timing {
-        keep_alive: s.keep_alive,
-        idle_timeout: s.idle_timeout,
-    }
+    Timing { keep_alive: s.keep_alive, idle_timeout: s.idle_timeout }
 }
 
 /// Dials `addr` over TCP, runs TLS and admission. The caller bounds the time.
-pub(crate) async fn dial(
-    settings: &Settings,
-    addr: SocketAddr,
-) -> Result<Connection, ConnectError> {
-    let unreachable = |detail: String| ConnectError::Unreachable {
-        addr,
-        transport: Transport::Tcp,
-        detail,
-    };
-    let handshake = |detail: String| ConnectError::Handshake {
-        addr,
-        transport: Transport::Tcp,
-        detail,
-    };
-    let config = tls::client_config(&settings.identity, &settings.alpn).map_err(|e| {
-        ConnectError::Setup {
-            transport: Transport::Tcp,
-            detail: e.to_string(),
-        }
-    })?;
-    let tcp = TcpStream::connect(addr)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
+pub(crate) async fn dial(settings: &Settings, addr: SocketAddr) -> Result<Connection, ConnectError> {
+    let unreachable = |detail: String| ConnectError::Unreachable { addr, transport: Transport::Tcp, detail };
+    let handshake = |detail: String| ConnectError::Handshake { addr, transport: Transport::Tcp, detail };
+    let config = tls::client_config(&settings.identity, &settings.alpn)
+        .map_err(|e| ConnectError::Setup { transport: Transport::Tcp, detail: e.to_string() })?;
+    let tcp = TcpStream::connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
     let nodelay = no_delay(&tcp).map_err(|e| unreachable(format!("setting TCP_NODELAY: {e}")))?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(tls::server_name(), tcp)
-        .await
-        .map_err(|e| match rustls_error(&e) {
-            Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol)) => {
-                ConnectError::VersionMismatch {
-                    addr,
-                    detail: format!("it does not speak {}", String::from_utf8_lossy(tls::ALPN)),
+    let tls =
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(tls::server_name(), tcp).await.map_err(|e| {
+            match rustls_error(&e) {
+                Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol)) => {
+                    ConnectError::VersionMismatch {
+                        addr,
+                        detail: format!("it does not speak {}", String::from_utf8_lossy(tls::ALPN)),
+                    }
                 }
+                _ => handshake(e.to_string()),
             }
-            _ => handshake(e.to_string()),
         })?;
     let (peer, exporter) = {
         let (_, session) = tls.get_ref();
         if session.alpn_protocol() != Some(&settings.alpn[..]) {
-            return Err(ConnectError::VersionMismatch {
-                addr,
-                detail: "it agreed on no application protocol".into(),
-            });
+            return Err(ConnectError::VersionMismatch { addr, detail: "it agreed on no application protocol".into() });
         }
-        session_facts(session.peer_certificates(), |out| {
-            session.export_keying_material(out, EXPORTER_LABEL, Some(b""))
-        })
-        .map_err(handshake)?
+        session_facts(session.peer_certificates(), |out| session.export_keying_material(out, EXPORTER_LABEL, Some(b"")))
+            .map_err(handshake)?
     };
     let (conn, mut control, activation) =
-        mux::start(tls, Side::Dialler, Transport::Tcp, Some(nodelay))
-            .await
-            .map_err(handshake)?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-    };
+        mux::start(tls, Side::Dialler, Transport::Tcp, Some(nodelay)).await.map_err(handshake)?;
+    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
     match admission::dial(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));
@@ -103,23 +71,10 @@ pub(crate) async fn dial(
 }
 
 /// Completes an accepted TCP connection: TLS, then admission. The caller bounds the time.
-pub(crate) async fn accept(
-    tcp: TcpStream,
-    remote: SocketAddr,
-    settings: &Settings,
-) -> Result<Connection, Refusal> {
-    let refusal = |peer, reason| Refusal {
-        peer,
-        remote,
-        transport: Transport::Tcp,
-        reason,
-    };
-    let nodelay = no_delay(&tcp).map_err(|e| {
-        refusal(
-            None,
-            RefusalReason::Handshake(format!("setting TCP_NODELAY: {e}")),
-        )
-    })?;
+pub(crate) async fn accept(tcp: TcpStream, remote: SocketAddr, settings: &Settings) -> Result<Connection, Refusal> {
+    let refusal = |peer, reason| Refusal { peer, remote, transport: Transport::Tcp, reason };
+    let nodelay =
+        no_delay(&tcp).map_err(|e| refusal(None, RefusalReason::Handshake(format!("setting TCP_NODELAY: {e}"))))?;
     let config = tls::server_config(&settings.identity, &settings.alpn)
         .map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?;
     let tls = tokio_rustls::TlsAcceptor::from(Arc::new(config))
@@ -128,21 +83,13 @@ pub(crate) async fn accept(
         .map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?;
     let (peer, exporter) = {
         let (_, session) = tls.get_ref();
-        session_facts(session.peer_certificates(), |out| {
-            session.export_keying_material(out, EXPORTER_LABEL, Some(b""))
-        })
-        .map_err(|detail| refusal(None, RefusalReason::Handshake(detail)))?
+        session_facts(session.peer_certificates(), |out| session.export_keying_material(out, EXPORTER_LABEL, Some(b"")))
+            .map_err(|detail| refusal(None, RefusalReason::Handshake(detail)))?
     };
-    let (conn, mut control, activation) =
-        mux::start(tls, Side::Acceptor, Transport::Tcp, Some(nodelay))
-            .await
-            .map_err(|detail| refusal(Some(peer), RefusalReason::ProtocolViolation(detail)))?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-    };
+    let (conn, mut control, activation) = mux::start(tls, Side::Acceptor, Transport::Tcp, Some(nodelay))
+        .await
+        .map_err(|detail| refusal(Some(peer), RefusalReason::ProtocolViolation(detail)))?;
+    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
     match admission::accept(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));
@@ -184,9 +131,7 @@ mod tests {
         );
         assert!(matches!(
             rustls_error(&e),
-            Some(rustls::Error::AlertReceived(
-                rustls::AlertDescription::NoApplicationProtocol
-            ))
+            Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol))
         ));
     }
 }

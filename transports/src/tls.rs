@@ -35,10 +35,7 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The rustls server configuration: TLS 1.3, a client certificate required, our identity.
-pub(crate) fn server_config(
-    identity: &Identity,
-    alpn: &[u8],
-) -> Result<rustls::ServerConfig, rustls::Error> {
+pub(crate) fn server_config(identity: &Identity, alpn: &[u8]) -> Result<rustls::ServerConfig, rustls::Error> {
     let provider = provider();
     let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -49,10 +46,7 @@ pub(crate) fn server_config(
 }
 
 /// The rustls client configuration: TLS 1.3, our identity as client certificate.
-pub(crate) fn client_config(
-    identity: &Identity,
-    alpn: &[u8],
-) -> Result<rustls::ClientConfig, rustls::Error> {
+pub(crate) fn client_config(identity: &Identity, alpn: &[u8]) -> Result<rustls::ClientConfig, rustls::Error> {
     let provider = provider();
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -69,9 +63,7 @@ pub(crate) fn server_name() -> ServerName<'static> {
 
 /// The [`NodeId`] of the peer that presented `chain`, or why the chain is unacceptable.
 pub(crate) fn peer_node_id(chain: &[CertificateDer<'_>]) -> Result<NodeId, String> {
-    let cert = chain
-        .first()
-        .ok_or_else(|| "the peer presented no certificate".to_string())?;
+    let cert = chain.first().ok_or_else(|| "the peer presented no certificate".to_string())?;
     Ok(node_id_from_public_key(&ed25519_public_key(cert)?))
 }
 
@@ -88,10 +80,7 @@ fn ed25519_public_key(cert: &CertificateDer<'_>) -> Result<Vec<u8>, String> {
     }
     let key = spki.subject_public_key.data.to_vec();
     if key.len() != 32 {
-        return Err(format!(
-            "the peer's Ed25519 key is {} bytes, not 32",
-            key.len()
-        ));
+        return Err(format!("the peer's Ed25519 key is {} bytes, not 32", key.len()));
     }
     Ok(key)
 }
@@ -105,9 +94,7 @@ struct PeerKeyVerifier {
 
 impl PeerKeyVerifier {
     fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        ed25519_public_key(end_entity)
-            .map(|_| ())
-            .map_err(rustls::Error::General)
+        ed25519_public_key(end_entity).map(|_| ()).map_err(rustls::Error::General)
     }
 
     fn tls13(
@@ -117,16 +104,9 @@ impl PeerKeyVerifier {
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         if dss.scheme != SignatureScheme::ED25519 {
-            return Err(rustls::Error::PeerIncompatible(
-                rustls::PeerIncompatible::NoSignatureSchemesInCommon,
-            ));
+            return Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::NoSignatureSchemesInCommon));
         }
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 }
 
@@ -139,8 +119,7 @@ impl ServerCertVerifier for PeerKeyVerifier {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|()| ServerCertVerified::assertion())
+        self.check(end_entity).map(|()| ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -150,9 +129,7 @@ impl ServerCertVerifier for PeerKeyVerifier {
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         // Only TLS 1.3 is ever negotiated (see `with_protocol_versions`).
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
     }
 
     fn verify_tls13_signature(
@@ -180,8 +157,7 @@ impl ClientCertVerifier for PeerKeyVerifier {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|()| ClientCertVerified::assertion())
+        self.check(end_entity).map(|()| ClientCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -190,9 +166,7 @@ impl ClientCertVerifier for PeerKeyVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
     }
 
     fn verify_tls13_signature(

@@ -81,17 +81,12 @@ pub enum TunnelError {
 }
 
 /// Writes a request head. Follow it with the body bytes, then finish the stream.
-pub async fn write_request_head<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    head: &RequestHead,
-) -> Result<(), TunnelError> {
+pub async fn write_request_head<W: AsyncWrite + Unpin>(w: &mut W, head: &RequestHead) -> Result<(), TunnelError> {
     write_head(w, head).await
 }
 
 /// Reads a request head; the body follows on the same stream.
-pub async fn read_request_head<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> Result<RequestHead, TunnelError> {
+pub async fn read_request_head<R: AsyncRead + Unpin>(r: &mut R) -> Result<RequestHead, TunnelError> {
     let head: RequestHead = read_head(r).await?;
     if head.method.is_empty() {
         return Err(TunnelError::Malformed("empty method".into()));
@@ -100,23 +95,15 @@ pub async fn read_request_head<R: AsyncRead + Unpin>(
 }
 
 /// Writes a response head. Follow it with the body bytes, then finish the stream.
-pub async fn write_response_head<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    head: &ResponseHead,
-) -> Result<(), TunnelError> {
+pub async fn write_response_head<W: AsyncWrite + Unpin>(w: &mut W, head: &ResponseHead) -> Result<(), TunnelError> {
     write_head(w, head).await
 }
 
 /// Reads a response head; the body follows on the same stream.
-pub async fn read_response_head<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> Result<ResponseHead, TunnelError> {
+pub async fn read_response_head<R: AsyncRead + Unpin>(r: &mut R) -> Result<ResponseHead, TunnelError> {
     let head: ResponseHead = read_head(r).await?;
     if !(100..=999).contains(&head.status) {
-        return Err(TunnelError::Malformed(format!(
-            "status {} is not a valid HTTP status",
-            head.status
-        )));
+        return Err(TunnelError::Malformed(format!("status {} is not a valid HTTP status", head.status)));
     }
     Ok(head)
 }
@@ -147,10 +134,7 @@ where
 pub fn encode_head<T: Serialize>(head: &T) -> Result<Vec<u8>, TunnelError> {
     let body = postcard::to_allocvec(head).map_err(|e| TunnelError::Malformed(e.to_string()))?;
     if body.len() > MAX_HEAD {
-        return Err(TunnelError::HeadTooLarge {
-            len: body.len(),
-            max: MAX_HEAD,
-        });
+        return Err(TunnelError::HeadTooLarge { len: body.len(), max: MAX_HEAD });
     }
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -160,21 +144,14 @@ pub fn encode_head<T: Serialize>(head: &T) -> Result<Vec<u8>, TunnelError> {
 
 /// Decodes a head's bytes (without the length prefix); trailing bytes are an error.
 pub fn decode_head<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TunnelError> {
-    let (head, rest) =
-        postcard::take_from_bytes(bytes).map_err(|e| TunnelError::Malformed(e.to_string()))?;
+    let (head, rest) = postcard::take_from_bytes(bytes).map_err(|e| TunnelError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(TunnelError::Malformed(format!(
-            "{} bytes after the head",
-            rest.len()
-        )));
+        return Err(TunnelError::Malformed(format!("{} bytes after the head", rest.len())));
     }
     Ok(head)
 }
 
-async fn write_head<W: AsyncWrite + Unpin, T: Serialize>(
-    w: &mut W,
-    head: &T,
-) -> Result<(), TunnelError> {
+async fn write_head<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, head: &T) -> Result<(), TunnelError> {
     let bytes = encode_head(head)?;
     w.write_all(&bytes).await?;
     w.flush().await?;
@@ -217,45 +194,29 @@ mod tests {
         RequestHead {
             method: "POST".into(),
             path_and_query: "/v1/chat/completions?stream=true".into(),
-            headers: vec![
-                ("content-type".into(), b"application/json".to_vec()),
-                ("x-bin".into(), vec![0, 255, 10]),
-            ],
+            headers: vec![("content-type".into(), b"application/json".to_vec()), ("x-bin".into(), vec![0, 255, 10])],
         }
     }
 
     #[tokio::test]
     async fn heads_round_trip_and_leave_the_body_in_place() {
         let mut wire = Vec::new();
-        write_request_head(&mut wire, &request())
-            .await
-            .expect("write");
+        write_request_head(&mut wire, &request()).await.expect("write");
         wire.extend_from_slice(b"BODY");
         let mut r = wire.as_slice();
         assert_eq!(read_request_head(&mut r).await.expect("read"), request());
         assert_eq!(r, b"BODY");
 
-        let resp = ResponseHead {
-            status: 200,
-            headers: vec![("content-type".into(), b"text/event-stream".to_vec())],
-        };
+        let resp = ResponseHead { status: 200, headers: vec![("content-type".into(), b"text/event-stream".to_vec())] };
         let mut wire = Vec::new();
         write_response_head(&mut wire, &resp).await.expect("write");
-        assert_eq!(
-            read_response_head(&mut wire.as_slice())
-                .await
-                .expect("read"),
-            resp
-        );
+        assert_eq!(read_response_head(&mut wire.as_slice()).await.expect("read"), resp);
     }
 
     #[tokio::test]
     async fn an_empty_stream_is_closed_not_malformed() {
         let mut r: &[u8] = &[];
-        assert!(matches!(
-            read_request_head(&mut r).await,
-            Err(TunnelError::Closed)
-        ));
+        assert!(matches!(read_request_head(&mut r).await, Err(TunnelError::Closed)));
     }
 
     #[tokio::test]
@@ -265,14 +226,8 @@ mod tests {
             read_request_head(&mut r).await,
             Err(TunnelError::HeadTooLarge { len, .. }) if len == u32::MAX as usize
         ));
-        let huge = RequestHead {
-            headers: vec![("x".into(), vec![b'a'; MAX_HEAD])],
-            ..request()
-        };
-        assert!(matches!(
-            write_request_head(&mut Vec::new(), &huge).await,
-            Err(TunnelError::HeadTooLarge { .. })
-        ));
+        let huge = RequestHead { headers: vec![("x".into(), vec![b'a'; MAX_HEAD])], ..request() };
+        assert!(matches!(write_request_head(&mut Vec::new(), &huge).await, Err(TunnelError::HeadTooLarge { .. })));
     }
 
     #[tokio::test]
@@ -297,33 +252,16 @@ mod tests {
         }
         for case in cases {
             let result = read_request_head(&mut case.as_slice()).await;
-            assert!(
-                matches!(result, Err(TunnelError::Malformed(_))),
-                "{case:?} gave {result:?}"
-            );
+            assert!(matches!(result, Err(TunnelError::Malformed(_))), "{case:?} gave {result:?}");
         }
     }
 
     #[tokio::test]
     async fn invalid_statuses_and_methods_are_rejected() {
-        let bad = encode_head(&ResponseHead {
-            status: 42,
-            headers: vec![],
-        })
-        .expect("encode");
-        assert!(matches!(
-            read_response_head(&mut bad.as_slice()).await,
-            Err(TunnelError::Malformed(_))
-        ));
-        let bad = encode_head(&RequestHead {
-            method: String::new(),
-            ..request()
-        })
-        .expect("encode");
-        assert!(matches!(
-            read_request_head(&mut bad.as_slice()).await,
-            Err(TunnelError::Malformed(_))
-        ));
+        let bad = encode_head(&ResponseHead { status: 42, headers: vec![] }).expect("encode");
+        assert!(matches!(read_response_head(&mut bad.as_slice()).await, Err(TunnelError::Malformed(_))));
+        let bad = encode_head(&RequestHead { method: String::new(), ..request() }).expect("encode");
+        assert!(matches!(read_request_head(&mut bad.as_slice()).await, Err(TunnelError::Malformed(_))));
     }
 
     #[test]
@@ -348,9 +286,7 @@ mod tests {
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let (mut a, mut b) = tokio::io::duplex(1024);
         let writer = async {
-            let n = forward_body(&mut data.as_slice(), &mut a)
-                .await
-                .expect("forward");
+            let n = forward_body(&mut data.as_slice(), &mut a).await.expect("forward");
             assert_eq!(n, data.len() as u64);
         };
         let reader = async {

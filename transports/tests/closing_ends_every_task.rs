@@ -25,17 +25,11 @@ async fn closing_and_dropping_ends_every_spawned_task() {
         // Leave a stream open in each direction and a datagram in flight.
         let (mut s, _r) = p.acceptor.open_stream().await.expect("open");
         s.write_all(b"x").await.expect("write");
-        let _ = p
-            .dialler
-            .send_datagram(bytes::Bytes::from_static(b"gossip"));
+        let _ = p.dialler.send_datagram(bytes::Bytes::from_static(b"gossip"));
         p.dialler.close("shutting down");
         let _ = p.acceptor.closed().await;
         drop((s, _r, p));
-        assert_eq!(
-            alive_tasks_settle_at(0).await,
-            0,
-            "{transport}: tasks leaked"
-        );
+        assert_eq!(alive_tasks_settle_at(0).await, 0, "{transport}: tasks leaked");
     }
 }
 
@@ -44,15 +38,10 @@ async fn dropping_every_handle_closes_the_connection_for_the_peer() {
     for transport in ALL {
         let p = connected(transport).await;
         let acceptor = p.acceptor.clone();
-        let common::Pair {
-            dialler, endpoints, ..
-        } = p;
+        let common::Pair { dialler, endpoints, .. } = p;
         drop(dialler);
         let reason = common::within("peer notices", acceptor.closed()).await;
-        assert!(
-            !matches!(reason, tela_transports::CloseReason::Local { .. }),
-            "{transport}: {reason:?}"
-        );
+        assert!(!matches!(reason, tela_transports::CloseReason::Local { .. }), "{transport}: {reason:?}");
         drop(endpoints);
     }
 }

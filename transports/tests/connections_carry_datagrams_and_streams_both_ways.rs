@@ -13,11 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn datagram_gets_through(from: &Connection, to: &Connection, payload: &'static [u8]) {
     within("datagram delivery", async {
         loop {
-            from.send_datagram(Bytes::from_static(payload))
-                .expect("send datagram");
-            if let Ok(got) =
-                tokio::time::timeout(Duration::from_millis(200), to.read_datagram()).await
-            {
+            from.send_datagram(Bytes::from_static(payload)).expect("send datagram");
+            if let Ok(got) = tokio::time::timeout(Duration::from_millis(200), to.read_datagram()).await {
                 assert_eq!(got.expect("read datagram"), payload);
                 return;
             }
@@ -88,10 +85,7 @@ async fn exercise(p: Pair) {
         }
     });
     within("32 concurrent streams", async {
-        tokio::join!(
-            futures::future::join_all(opens),
-            futures::future::join_all(answers)
-        )
+        tokio::join!(futures::future::join_all(opens), futures::future::join_all(answers))
     })
     .await;
 
@@ -99,29 +93,13 @@ async fn exercise(p: Pair) {
     p.dialler.close("walltime reached");
     assert_eq!(
         within("peer sees the close", p.acceptor.closed()).await,
-        CloseReason::Peer {
-            reason: "walltime reached".into()
-        },
+        CloseReason::Peer { reason: "walltime reached".into() },
         "{transport}"
     );
-    assert_eq!(
-        p.dialler.close_reason(),
-        Some(CloseReason::Local {
-            reason: "walltime reached".into()
-        })
-    );
-    assert!(matches!(
-        p.dialler.send_datagram(Bytes::from_static(b"late")),
-        Err(DatagramError::Closed(_))
-    ));
-    assert!(matches!(
-        within("open after close", p.acceptor.open_stream()).await,
-        Err(ConnectionError::Closed(_))
-    ));
-    assert!(matches!(
-        within("read after close", p.acceptor.read_datagram()).await,
-        Err(ConnectionError::Closed(_))
-    ));
+    assert_eq!(p.dialler.close_reason(), Some(CloseReason::Local { reason: "walltime reached".into() }));
+    assert!(matches!(p.dialler.send_datagram(Bytes::from_static(b"late")), Err(DatagramError::Closed(_))));
+    assert!(matches!(within("open after close", p.acceptor.open_stream()).await, Err(ConnectionError::Closed(_))));
+    assert!(matches!(within("read after close", p.acceptor.read_datagram()).await, Err(ConnectionError::Closed(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

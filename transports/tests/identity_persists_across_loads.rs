@@ -4,9 +4,7 @@
 mod common;
 
 use common::{admitted, within, SECRET};
-use tela_transports::{
-    node_id_from_public_key, Endpoint, EndpointConfig, Identity, JoinSecret, TransportMode,
-};
+use tela_transports::{node_id_from_public_key, Endpoint, EndpointConfig, Identity, JoinSecret, TransportMode};
 
 #[test]
 fn the_same_key_file_gives_the_same_id_and_another_file_another() {
@@ -27,11 +25,7 @@ fn the_same_key_file_gives_the_same_id_and_another_file_another() {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the key must be private to its owner");
-        let parent = std::fs::metadata(path.parent().expect("parent"))
-            .expect("stat dir")
-            .permissions()
-            .mode()
-            & 0o777;
+        let parent = std::fs::metadata(path.parent().expect("parent")).expect("stat dir").permissions().mode() & 0o777;
         assert_eq!(parent, 0o700);
     }
     // No temporary files are left behind.
@@ -57,15 +51,10 @@ async fn peers_see_the_persisted_id() {
     let gateway = common::listener();
     let addr = gateway.local_addr().expect("listening");
     let reloaded = Identity::load_or_create(&path).expect("reload");
-    let node = Endpoint::dialer(EndpointConfig::new(
-        reloaded,
-        JoinSecret::new(SECRET).expect("secret"),
-    ))
-    .expect("dialer");
-    let (dialled, accepted) = within("connect", async {
-        tokio::join!(node.connect(addr, TransportMode::Tcp), admitted(&gateway))
-    })
-    .await;
+    let node =
+        Endpoint::dialer(EndpointConfig::new(reloaded, JoinSecret::new(SECRET).expect("secret"))).expect("dialer");
+    let (dialled, accepted) =
+        within("connect", async { tokio::join!(node.connect(addr, TransportMode::Tcp), admitted(&gateway)) }).await;
     dialled.expect("admitted");
     assert_eq!(accepted.peer_id(), node_id);
 }

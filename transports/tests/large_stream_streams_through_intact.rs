@@ -46,10 +46,7 @@ async fn eight_megabytes_stream_through_intact_in_both_directions() {
             send.shutdown().await.expect("finish echo");
             copied
         };
-        let (back, copied) = within("8 MiB round trip", async {
-            tokio::join!(send_side, echo_side)
-        })
-        .await;
+        let (back, copied) = within("8 MiB round trip", async { tokio::join!(send_side, echo_side) }).await;
         assert_eq!(copied, LEN as u64, "{transport}");
         assert!(back == data, "{transport}: the echoed stream differs");
     }

@@ -16,10 +16,7 @@ async fn datagrams_over_the_limit_are_rejected_not_sent() {
         let too_big = Bytes::from(vec![7u8; MAX_DATAGRAM + 1]);
         assert_eq!(
             p.dialler.send_datagram(too_big.clone()),
-            Err(DatagramError::TooLarge {
-                len: MAX_DATAGRAM + 1,
-                max: MAX_DATAGRAM
-            }),
+            Err(DatagramError::TooLarge { len: MAX_DATAGRAM + 1, max: MAX_DATAGRAM }),
             "{transport}"
         );
         assert!(p.acceptor.send_datagram(too_big).is_err(), "{transport}");
@@ -29,10 +26,7 @@ async fn datagrams_over_the_limit_are_rejected_not_sent() {
         let got = within("datagram of exactly MAX_DATAGRAM", async {
             loop {
                 p.dialler.send_datagram(fits.clone()).expect("fits");
-                if let Ok(got) =
-                    tokio::time::timeout(Duration::from_millis(200), p.acceptor.read_datagram())
-                        .await
-                {
+                if let Ok(got) = tokio::time::timeout(Duration::from_millis(200), p.acceptor.read_datagram()).await {
                     return got.expect("read");
                 }
             }

@@ -6,8 +6,7 @@ mod common;
 
 use common::{connected, within, ALL};
 use tela_transports::tunnel::{
-    read_request_head, read_response_head, write_request_head, write_response_head, RequestHead,
-    ResponseHead,
+    read_request_head, read_response_head, write_request_head, write_response_head, RequestHead, ResponseHead,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -48,24 +47,15 @@ async fn responses_stream_through_the_tunnel_chunk_by_chunk() {
             let mut got = Vec::new();
             recv.read_to_end(&mut got).await.expect("request body");
             assert_eq!(got, body);
-            let response = ResponseHead {
-                status: 200,
-                headers: vec![("content-type".into(), b"text/event-stream".to_vec())],
-            };
-            write_response_head(&mut send, &response)
-                .await
-                .expect("head");
-            send.write_all(b"data: first token\n\n")
-                .await
-                .expect("chunk");
+            let response =
+                ResponseHead { status: 200, headers: vec![("content-type".into(), b"text/event-stream".to_vec())] };
+            write_response_head(&mut send, &response).await.expect("head");
+            send.write_all(b"data: first token\n\n").await.expect("chunk");
             send.flush().await.expect("flush");
             first_seen_rx.await.expect("gateway saw the first chunk");
             send.write_all(b"data: [DONE]\n\n").await.expect("chunk");
             send.shutdown().await.expect("finish");
         };
-        within(&format!("tunnel over {transport}"), async {
-            tokio::join!(gateway, node)
-        })
-        .await;
+        within(&format!("tunnel over {transport}"), async { tokio::join!(gateway, node) }).await;
     }
 }

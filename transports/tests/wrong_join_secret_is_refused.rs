@@ -42,22 +42,13 @@ async fn a_wrong_join_secret_is_refused_with_a_reason_on_both_sides() {
 
     let gateway = listener();
     let addr = gateway.local_addr().expect("listening");
-    for (mode, transport) in [
-        (TransportMode::Quic, Transport::Quic),
-        (TransportMode::Tcp, Transport::Tcp),
-    ] {
+    for (mode, transport) in [(TransportMode::Quic, Transport::Quic), (TransportMode::Tcp, Transport::Tcp)] {
         let intruder = dialer("not the federation secret");
         let err = within("refused dial", intruder.connect(addr, mode))
             .await
             .expect_err("a wrong secret must not be admitted");
         assert!(
-            matches!(
-                err,
-                ConnectError::Refused {
-                    reason: RefusalReason::JoinSecretMismatch,
-                    ..
-                }
-            ),
+            matches!(err, ConnectError::Refused { reason: RefusalReason::JoinSecretMismatch, .. }),
             "{mode}: {err:?}"
         );
         assert_eq!(
@@ -86,13 +77,7 @@ async fn a_wrong_join_secret_is_refused_with_a_reason_on_both_sides() {
 
     // The gateway still admits members afterwards.
     let member = dialer(SECRET);
-    let (dialled, accepted) = tokio::join!(
-        member.connect(addr, TransportMode::Auto),
-        admitted(&gateway)
-    );
-    assert_eq!(
-        dialled.expect("member admitted").peer_id(),
-        gateway.node_id()
-    );
+    let (dialled, accepted) = tokio::join!(member.connect(addr, TransportMode::Auto), admitted(&gateway));
+    assert_eq!(dialled.expect("member admitted").peer_id(), gateway.node_id());
     assert_eq!(accepted.peer_id(), member.node_id());
 }

@@ -81,10 +81,7 @@ impl EngineSimArgs {
         let wanted = format!("{}:{}", self.host, self.port);
         let listener = tokio::net::TcpListener::bind((self.host.as_str(), self.port))
             .await
-            .map_err(|source| EngineSimError::Bind {
-                addr: wanted,
-                source,
-            })?;
+            .map_err(|source| EngineSimError::Bind { addr: wanted, source })?;
         let local_addr = listener.local_addr()?;
         {
             let mut stdout = std::io::stdout().lock();

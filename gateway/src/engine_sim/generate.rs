@@ -6,14 +6,12 @@ use rand_core::{RngCore, SeedableRng};
 
 /// The vocabulary of the placeholder text. Fixed: changing it changes every recorded answer.
 const WORDS: [&str; 64] = [
-    "tela", "node", "gateway", "stream", "token", "model", "cluster", "gossip", "lattice",
-    "replica", "drain", "walltime", "tunnel", "engine", "router", "batch", "queue", "tier",
-    "signal", "record", "merge", "probe", "anchor", "fabric", "kernel", "tensor", "weight",
-    "prompt", "answer", "vector", "shard", "latency", "quorum", "epoch", "beacon", "harbor",
-    "river", "lantern", "meadow", "copper", "violet", "orbit", "summit", "canyon", "ember",
-    "glacier", "willow", "falcon", "pebble", "thunder", "marble", "cedar", "compass", "prism",
-    "velvet", "echo", "nimbus", "quartz", "saffron", "timber", "zephyr", "harvest", "mosaic",
-    "aurora",
+    "tela", "node", "gateway", "stream", "token", "model", "cluster", "gossip", "lattice", "replica", "drain",
+    "walltime", "tunnel", "engine", "router", "batch", "queue", "tier", "signal", "record", "merge", "probe", "anchor",
+    "fabric", "kernel", "tensor", "weight", "prompt", "answer", "vector", "shard", "latency", "quorum", "epoch",
+    "beacon", "harbor", "river", "lantern", "meadow", "copper", "violet", "orbit", "summit", "canyon", "ember",
+    "glacier", "willow", "falcon", "pebble", "thunder", "marble", "cedar", "compass", "prism", "velvet", "echo",
+    "nimbus", "quartz", "saffron", "timber", "zephyr", "harvest", "mosaic", "aurora",
 ];
 
 /// Natural answer lengths (before `max_tokens` cuts them) lie in this range.
@@ -77,11 +75,7 @@ pub(crate) fn generate(seed: u64, prompt: &str, max_tokens: u32) -> Generation {
     let span = NATURAL_LEN.end() - NATURAL_LEN.start() + 1;
     let natural = NATURAL_LEN.start() + rng.next_u64() % span;
     let max = u64::from(max_tokens.max(1));
-    let (len, finish_reason) = if natural <= max {
-        (natural, FinishReason::Stop)
-    } else {
-        (max, FinishReason::Length)
-    };
+    let (len, finish_reason) = if natural <= max { (natural, FinishReason::Stop) } else { (max, FinishReason::Length) };
     let tokens = (0..len)
         .map(|i| {
             if finish_reason == FinishReason::Stop && i + 1 == len {
@@ -95,10 +89,7 @@ pub(crate) fn generate(seed: u64, prompt: &str, max_tokens: u32) -> Generation {
             }
         })
         .collect();
-    Generation {
-        tokens,
-        finish_reason,
-    }
+    Generation { tokens, finish_reason }
 }
 
 fn capitalise(word: &str) -> String {
@@ -119,9 +110,7 @@ pub(crate) fn count_tokens(text: &str) -> u32 {
 /// vectors, different texts (practically always) different ones.
 pub(crate) fn embed(text: &str, dim: usize) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(fnv1a64(&[b"embedding\0", text.as_bytes()]));
-    let raw: Vec<f64> = (0..dim)
-        .map(|_| f64::from(rng.next_u32()) / f64::from(u32::MAX) * 2.0 - 1.0)
-        .collect();
+    let raw: Vec<f64> = (0..dim).map(|_| f64::from(rng.next_u32()) / f64::from(u32::MAX) * 2.0 - 1.0).collect();
     let norm = raw.iter().map(|x| x * x).sum::<f64>().sqrt();
     if norm == 0.0 {
         // Only reachable if every draw hit the midpoint exactly; still return a unit vector.
@@ -140,11 +129,7 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
             if i <= chunk.len() {

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::generate::{count_tokens, embed, generate};
 use super::openai::{
-    completion_body, embeddings_body, model_body, parse_chat, parse_completion, parse_embeddings,
-    ApiError, Endpoint, ResponseMeta, Usage,
+    completion_body, embeddings_body, model_body, parse_chat, parse_completion, parse_embeddings, ApiError, Endpoint,
+    ResponseMeta, Usage,
 };
 use super::stream::{StreamCut, StreamPlan, TokenStream};
 use super::{unix_now, Counters, FailMode, InFlight, Shared};
@@ -80,17 +80,10 @@ async fn respond(
 ) -> Result<Response<ResponseBody>, DropConnection> {
     let path = request.uri().path();
     let Some((route, allowed)) = Route::of(path) else {
-        return Ok(error_response(&ApiError::unknown_path(
-            request.method().as_str(),
-            path,
-        )));
+        return Ok(error_response(&ApiError::unknown_path(request.method().as_str(), path)));
     };
     if request.method().as_str() != allowed {
-        return Ok(error_response(&ApiError::method_not_allowed(
-            request.method().as_str(),
-            path,
-            allowed,
-        )));
+        return Ok(error_response(&ApiError::method_not_allowed(request.method().as_str(), path, allowed)));
     }
     if !shared.is_ready() {
         return Ok(error_response(&ApiError::loading()));
@@ -99,39 +92,26 @@ async fn respond(
     Ok(match route {
         Route::Health => json_response(StatusCode::OK, &json!({"status": "ok"})),
         Route::Models => {
-            let data: Vec<Value> = config
-                .models
-                .iter()
-                .map(|id| model_body(id, shared.created))
-                .collect();
+            let data: Vec<Value> = config.models.iter().map(|id| model_body(id, shared.created)).collect();
             json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
         }
         Route::Model(id) if config.models.contains(&id) => {
             json_response(StatusCode::OK, &model_body(&id, shared.created))
         }
         Route::Model(id) => error_response(&ApiError::model_not_found(&id, &config.models)),
-        Route::Generation(endpoint) => {
-            return generation(shared, request, endpoint, in_flight).await
-        }
+        Route::Generation(endpoint) => return generation(shared, request, endpoint, in_flight).await,
         Route::Embeddings => return embeddings(shared, request).await,
     })
 }
 
 /// Reads and parses a JSON body; any failure is the client's 4xx.
 async fn read_json(request: Request<Incoming>) -> Result<Value, ApiError> {
-    let bytes = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
+    let bytes = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return Err(ApiError::body_too_large(MAX_BODY_BYTES))
         }
-        Err(e) => {
-            return Err(ApiError::invalid_request(format!(
-                "could not read the request body: {e}"
-            )))
-        }
+        Err(e) => return Err(ApiError::invalid_request(format!("could not read the request body: {e}"))),
     };
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid_request(format!("the request body is not valid JSON: {e}")))
@@ -191,10 +171,7 @@ async fn generation(
     }
 
     let generation = generate(config.seed, &request.prompt, request.max_tokens);
-    let usage = Usage {
-        prompt_tokens: count_tokens(&request.prompt),
-        completion_tokens: generation.token_count(),
-    };
+    let usage = Usage { prompt_tokens: count_tokens(&request.prompt), completion_tokens: generation.token_count() };
     let meta = ResponseMeta {
         id: shared.request_id(match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -233,10 +210,7 @@ async fn generation(
     tokio::time::sleep_until(first_token_at + interval.saturating_mul(steps)).await;
     Counters::bump(&shared.counters.tokens_generated, tokens as u64);
     Counters::bump(&shared.counters.completed, 1);
-    Ok(json_response(
-        StatusCode::OK,
-        &completion_body(endpoint, &meta, &generation, usage),
-    ))
+    Ok(json_response(StatusCode::OK, &completion_body(endpoint, &meta, &generation, usage)))
 }
 
 async fn embeddings(
@@ -244,10 +218,7 @@ async fn embeddings(
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, DropConnection> {
     let config = &shared.config;
-    let request = match read_json(request)
-        .await
-        .and_then(|body| parse_embeddings(body, config))
-    {
+    let request = match read_json(request).await.and_then(|body| parse_embeddings(body, config)) {
         Ok(request) => request,
         Err(e) => return Ok(error_response(&e)),
     };
@@ -256,43 +227,26 @@ async fn embeddings(
     }
     // One forward pass: the time to first token.
     tokio::time::sleep(config.ttft).await;
-    let vectors: Vec<Vec<f32>> = request
-        .inputs
-        .iter()
-        .map(|text| embed(text, request.dim))
-        .collect();
-    let prompt_tokens = request
-        .inputs
-        .iter()
-        .map(|text| count_tokens(text))
-        .fold(0u32, u32::saturating_add);
+    let vectors: Vec<Vec<f32>> = request.inputs.iter().map(|text| embed(text, request.dim)).collect();
+    let prompt_tokens = request.inputs.iter().map(|text| count_tokens(text)).fold(0u32, u32::saturating_add);
     Counters::bump(&shared.counters.completed, 1);
-    Ok(json_response(
-        StatusCode::OK,
-        &embeddings_body(&request, &vectors, prompt_tokens),
-    ))
+    Ok(json_response(StatusCode::OK, &embeddings_body(&request, &vectors, prompt_tokens)))
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
     // Serialising a `Value` cannot fail.
     let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let body = Full::new(Bytes::from(bytes))
-        .map_err(|never| match never {})
-        .boxed();
+    let body = Full::new(Bytes::from(bytes)).map_err(|never| match never {}).boxed();
     let mut response = Response::new(body);
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
 fn error_response(error: &ApiError) -> Response<ResponseBody> {
     let mut response = json_response(error.status, &error.body());
     if let Some(allow) = error.allow {
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static(allow));
+        response.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
     }
     response
 }
@@ -304,14 +258,8 @@ mod tests {
     #[test]
     fn routes_and_their_methods() {
         assert_eq!(Route::of("/health"), Some((Route::Health, "GET")));
-        assert_eq!(
-            Route::of("/v1/chat/completions"),
-            Some((Route::Generation(Endpoint::Chat), "POST"))
-        );
-        assert_eq!(
-            Route::of("/v1/models/org/name"),
-            Some((Route::Model("org/name".into()), "GET"))
-        );
+        assert_eq!(Route::of("/v1/chat/completions"), Some((Route::Generation(Endpoint::Chat), "POST")));
+        assert_eq!(Route::of("/v1/models/org/name"), Some((Route::Model("org/name".into()), "GET")));
         assert_eq!(Route::of("/v1/models/"), None);
         assert_eq!(Route::of("/v1/chat"), None);
     }

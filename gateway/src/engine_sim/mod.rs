@@ -149,28 +149,16 @@ impl EngineSimConfig {
             }
         }
         if !(self.tokens_per_s.is_finite() && self.tokens_per_s >= 0.001) {
-            return invalid(format!(
-                "tokens per second must be a number of at least 0.001, not {}",
-                self.tokens_per_s
-            ));
+            return invalid(format!("tokens per second must be a number of at least 0.001, not {}", self.tokens_per_s));
         }
         if !(0.0..=1.0).contains(&self.fail_rate) {
-            return invalid(format!(
-                "fail rate is a probability between 0 and 1, not {}",
-                self.fail_rate
-            ));
+            return invalid(format!("fail rate is a probability between 0 and 1, not {}", self.fail_rate));
         }
         if !(1..=65_536).contains(&self.embedding_dim) {
-            return invalid(format!(
-                "embedding dimension must be between 1 and 65536, not {}",
-                self.embedding_dim
-            ));
+            return invalid(format!("embedding dimension must be between 1 and 65536, not {}", self.embedding_dim));
         }
         if self.max_tokens_limit == 0 || self.max_tokens_limit > 1_000_000 {
-            return invalid(format!(
-                "max tokens limit must be between 1 and 1000000, not {}",
-                self.max_tokens_limit
-            ));
+            return invalid(format!("max tokens limit must be between 1 and 1000000, not {}", self.max_tokens_limit));
         }
         for (name, delay) in [
             ("time to first token", self.ttft),
@@ -262,9 +250,7 @@ struct Shared {
 
 impl Shared {
     fn is_ready(&self) -> bool {
-        self.ready_at
-            .get()
-            .is_some_and(|ready_at| Instant::now() >= *ready_at)
+        self.ready_at.get().is_some_and(|ready_at| Instant::now() >= *ready_at)
     }
 
     /// Draws whether the next valid inference request fails. One draw per request, in arrival
@@ -309,9 +295,7 @@ impl Drop for InFlight {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// One simulated engine: its configuration and live counters. Cheap to clone; clones share
@@ -361,15 +345,9 @@ impl EngineSim {
     /// accepting, lets in-flight responses finish for up to
     /// [`EngineSimConfig::shutdown_grace`], cuts what is left and returns. The startup delay
     /// counts from this call.
-    pub async fn serve(
-        &self,
-        listener: TcpListener,
-        shutdown: impl Future<Output = ()>,
-    ) -> Result<(), EngineSimError> {
+    pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), EngineSimError> {
         let config = &self.shared.config;
-        self.shared
-            .ready_at
-            .get_or_init(|| Instant::now() + config.startup_delay);
+        self.shared.ready_at.get_or_init(|| Instant::now() + config.startup_delay);
         let graceful = GracefulShutdown::new();
         let mut connections = JoinSet::new();
         let service = hyper::service::service_fn({
@@ -413,18 +391,9 @@ impl EngineSim {
             }
         }
         drop(listener);
-        tracing::info!(
-            in_flight = self.stats().in_flight,
-            "engine simulator stopping; finishing in-flight responses"
-        );
-        if tokio::time::timeout(config.shutdown_grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "in-flight responses outlived the {:?} shutdown grace; cutting them",
-                config.shutdown_grace
-            );
+        tracing::info!(in_flight = self.stats().in_flight, "engine simulator stopping; finishing in-flight responses");
+        if tokio::time::timeout(config.shutdown_grace, graceful.shutdown()).await.is_err() {
+            tracing::warn!("in-flight responses outlived the {:?} shutdown grace; cutting them", config.shutdown_grace);
         }
         connections.shutdown().await;
         Ok(())
@@ -442,17 +411,10 @@ pub async fn serve(
 
 /// Binds `addr` (port 0 picks a free port) and serves `config` there on a task of the current
 /// tokio runtime. The returned handle owns the server: dropping it stops the server too.
-pub async fn spawn(
-    config: EngineSimConfig,
-    addr: SocketAddr,
-) -> Result<EngineSimHandle, EngineSimError> {
+pub async fn spawn(config: EngineSimConfig, addr: SocketAddr) -> Result<EngineSimHandle, EngineSimError> {
     let engine = EngineSim::new(config)?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| EngineSimError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+    let listener =
+        TcpListener::bind(addr).await.map_err(|source| EngineSimError::Bind { addr: addr.to_string(), source })?;
     let local_addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn({
@@ -465,12 +427,7 @@ pub async fn spawn(
             engine.serve(listener, shutdown).await
         }
     });
-    Ok(EngineSimHandle {
-        local_addr,
-        engine,
-        stop: Some(stop),
-        task,
-    })
+    Ok(EngineSimHandle { local_addr, engine, stop: Some(stop), task })
 }
 
 /// A running simulated engine started by [`spawn`].
@@ -504,8 +461,6 @@ impl EngineSimHandle {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        (&mut self.task)
-            .await
-            .map_err(|e| EngineSimError::Task(e.to_string()))?
+        (&mut self.task).await.map_err(|e| EngineSimError::Task(e.to_string()))?
     }
 }

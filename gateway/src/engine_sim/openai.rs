@@ -25,14 +25,7 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            kind,
-            param: None,
-            code: None,
-            allow: None,
-        }
+        Self { status, message: message.into(), kind, param: None, code: None, allow: None }
     }
 
     pub(crate) fn invalid_request(message: impl Into<String>) -> Self {
@@ -40,10 +33,7 @@ impl ApiError {
     }
 
     fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            param: Some(param),
-            ..Self::invalid_request(message)
-        }
+        Self { param: Some(param), ..Self::invalid_request(message) }
     }
 
     fn missing(param: &'static str) -> Self {
@@ -57,10 +47,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
-                format!(
-                    "the model '{model}' does not exist on this engine (served: {})",
-                    served.join(", ")
-                ),
+                format!("the model '{model}' does not exist on this engine (served: {})", served.join(", ")),
             )
         }
     }
@@ -68,11 +55,7 @@ impl ApiError {
     pub(crate) fn unknown_path(method: &str, path: &str) -> Self {
         Self {
             code: Some("unknown_url"),
-            ..Self::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                format!("invalid URL ({method} {path})"),
-            )
+            ..Self::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("invalid URL ({method} {path})"))
         }
     }
 
@@ -89,11 +72,7 @@ impl ApiError {
     }
 
     pub(crate) fn body_too_large(limit: usize) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("request body exceeds {limit} bytes"),
-        )
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("request body exceeds {limit} bytes"))
     }
 
     pub(crate) fn loading() -> Self {
@@ -199,8 +178,7 @@ pub(crate) struct EmbeddingsRequest {
 }
 
 fn typed<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiError> {
-    serde_json::from_value(body)
-        .map_err(|e| ApiError::invalid_request(format!("invalid request body: {e}")))
+    serde_json::from_value(body).map_err(|e| ApiError::invalid_request(format!("invalid request body: {e}")))
 }
 
 fn served_model(model: Option<String>, config: &EngineSimConfig) -> Result<String, ApiError> {
@@ -215,30 +193,17 @@ fn served_model(model: Option<String>, config: &EngineSimConfig) -> Result<Strin
 fn check_n(n: Option<u32>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::invalid_param(
-            "n",
-            format!("the engine simulator supports only n = 1, not {n}"),
-        )),
+        Some(n) => Err(ApiError::invalid_param("n", format!("the engine simulator supports only n = 1, not {n}"))),
     }
 }
 
-fn check_max_tokens(
-    param: &'static str,
-    value: Option<u32>,
-    config: &EngineSimConfig,
-) -> Result<u32, ApiError> {
+fn check_max_tokens(param: &'static str, value: Option<u32>, config: &EngineSimConfig) -> Result<u32, ApiError> {
     match value {
         None => Ok(DEFAULT_MAX_TOKENS.min(config.max_tokens_limit)),
-        Some(0) => Err(ApiError::invalid_param(
-            param,
-            format!("'{param}' must be at least 1"),
-        )),
+        Some(0) => Err(ApiError::invalid_param(param, format!("'{param}' must be at least 1"))),
         Some(v) if v > config.max_tokens_limit => Err(ApiError::invalid_param(
             param,
-            format!(
-                "'{param}' is {v}, more than this engine's limit of {}",
-                config.max_tokens_limit
-            ),
+            format!("'{param}' is {v}, more than this engine's limit of {}", config.max_tokens_limit),
         )),
         Some(v) => Ok(v),
     }
@@ -248,34 +213,25 @@ fn check_max_tokens(
 fn content_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
+        Value::Array(parts) => {
+            parts.iter().filter_map(|part| part.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("")
+        }
         _ => String::new(),
     }
 }
 
-pub(crate) fn parse_chat(
-    body: Value,
-    config: &EngineSimConfig,
-) -> Result<GenerationRequest, ApiError> {
+pub(crate) fn parse_chat(body: Value, config: &EngineSimConfig) -> Result<GenerationRequest, ApiError> {
     let request: ChatRequest = typed(body)?;
-    let messages = request
-        .messages
-        .ok_or_else(|| ApiError::missing("messages"))?;
+    let messages = request.messages.ok_or_else(|| ApiError::missing("messages"))?;
     if messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "'messages' must hold at least one message",
-        ));
+        return Err(ApiError::invalid_param("messages", "'messages' must hold at least one message"));
     }
     let mut prompt = String::new();
     for (i, message) in messages.iter().enumerate() {
-        let role = message.role.as_deref().ok_or_else(|| {
-            ApiError::invalid_param("messages", format!("messages[{i}] has no 'role'"))
-        })?;
+        let role = message
+            .role
+            .as_deref()
+            .ok_or_else(|| ApiError::invalid_param("messages", format!("messages[{i}] has no 'role'")))?;
         prompt.push_str(role);
         prompt.push_str(": ");
         prompt.push_str(&content_text(&message.content));
@@ -295,18 +251,11 @@ pub(crate) fn parse_chat(
         prompt,
         max_tokens,
         stream,
-        include_usage: stream
-            && request
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+        include_usage: stream && request.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     })
 }
 
-pub(crate) fn parse_completion(
-    body: Value,
-    config: &EngineSimConfig,
-) -> Result<GenerationRequest, ApiError> {
+pub(crate) fn parse_completion(body: Value, config: &EngineSimConfig) -> Result<GenerationRequest, ApiError> {
     let request: CompletionRequest = typed(body)?;
     let prompt = match request.prompt.ok_or_else(|| ApiError::missing("prompt"))? {
         Value::String(s) => s,
@@ -314,23 +263,16 @@ pub(crate) fn parse_completion(
             items[0].as_str().unwrap_or_default().to_owned()
         }
         // One prompt given as token ids: the ids stand in for the text.
-        Value::Array(items) if items.iter().all(Value::is_u64) && !items.is_empty() => items
-            .iter()
-            .map(Value::to_string)
-            .collect::<Vec<_>>()
-            .join(" "),
+        Value::Array(items) if items.iter().all(Value::is_u64) && !items.is_empty() => {
+            items.iter().map(Value::to_string).collect::<Vec<_>>().join(" ")
+        }
         Value::Array(items) if items.len() > 1 => {
             return Err(ApiError::invalid_param(
                 "prompt",
                 "the engine simulator takes one prompt per request, not a batch",
             ))
         }
-        _ => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "'prompt' must be a string (or a list holding one string)",
-            ))
-        }
+        _ => return Err(ApiError::invalid_param("prompt", "'prompt' must be a string (or a list holding one string)")),
     };
     check_n(request.n)?;
     let max_tokens = check_max_tokens("max_tokens", request.max_tokens, config)?;
@@ -342,24 +284,14 @@ pub(crate) fn parse_completion(
         prompt,
         max_tokens,
         stream,
-        include_usage: stream
-            && request
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+        include_usage: stream && request.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     })
 }
 
-pub(crate) fn parse_embeddings(
-    body: Value,
-    config: &EngineSimConfig,
-) -> Result<EmbeddingsRequest, ApiError> {
+pub(crate) fn parse_embeddings(body: Value, config: &EngineSimConfig) -> Result<EmbeddingsRequest, ApiError> {
     let request: EmbeddingRequest = typed(body)?;
     let not_text = || {
-        ApiError::invalid_param(
-            "input",
-            "'input' must be a non-empty string or a non-empty list of non-empty strings",
-        )
+        ApiError::invalid_param("input", "'input' must be a non-empty string or a non-empty list of non-empty strings")
     };
     let inputs = match request.input.ok_or_else(|| ApiError::missing("input"))? {
         Value::String(s) => vec![s],
@@ -396,12 +328,7 @@ pub(crate) fn parse_embeddings(
         }
     };
     let model = served_model(request.model, config)?;
-    Ok(EmbeddingsRequest {
-        model,
-        inputs,
-        base64,
-        dim,
-    })
+    Ok(EmbeddingsRequest { model, inputs, base64, dim })
 }
 
 /// Token accounting for `usage`.
@@ -430,12 +357,7 @@ pub(crate) struct ResponseMeta {
 }
 
 /// The non-stream answer of either generation endpoint.
-pub(crate) fn completion_body(
-    endpoint: Endpoint,
-    meta: &ResponseMeta,
-    generation: &Generation,
-    usage: Usage,
-) -> Value {
+pub(crate) fn completion_body(endpoint: Endpoint, meta: &ResponseMeta, generation: &Generation, usage: Usage) -> Value {
     let finish = generation.finish_reason.as_str();
     let (object, choice) = match endpoint {
         Endpoint::Chat => (
@@ -482,12 +404,7 @@ pub(crate) enum ChunkKind<'a> {
 
 /// A stream chunk's JSON. With `include_usage`, OpenAI adds `"usage": null` to every chunk but
 /// the usage chunk itself.
-pub(crate) fn chunk_body(
-    endpoint: Endpoint,
-    meta: &ResponseMeta,
-    kind: ChunkKind<'_>,
-    include_usage: bool,
-) -> Value {
+pub(crate) fn chunk_body(endpoint: Endpoint, meta: &ResponseMeta, kind: ChunkKind<'_>, include_usage: bool) -> Value {
     let object = match endpoint {
         Endpoint::Chat => "chat.completion.chunk",
         Endpoint::Completion => "text_completion",
@@ -514,10 +431,7 @@ pub(crate) fn chunk_body(
                 ChunkKind::Token(text) => text,
                 _ => "",
             };
-            (
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": null}]),
-                Value::Null,
-            )
+            (json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": null}]), Value::Null)
         }
         (Endpoint::Completion, ChunkKind::Finish(reason)) => (
             json!([{"index": 0, "text": "", "logprobs": null,
@@ -539,11 +453,7 @@ pub(crate) fn chunk_body(
 }
 
 /// The answer of `/v1/embeddings`; each vector as floats or as base64 of little-endian `f32`.
-pub(crate) fn embeddings_body(
-    request: &EmbeddingsRequest,
-    vectors: &[Vec<f32>],
-    prompt_tokens: u32,
-) -> Value {
+pub(crate) fn embeddings_body(request: &EmbeddingsRequest, vectors: &[Vec<f32>], prompt_tokens: u32) -> Value {
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
@@ -575,19 +485,12 @@ mod tests {
     use super::*;
 
     fn config() -> EngineSimConfig {
-        EngineSimConfig {
-            models: vec!["a".into(), "b".into()],
-            ..EngineSimConfig::default()
-        }
+        EngineSimConfig { models: vec!["a".into(), "b".into()], ..EngineSimConfig::default() }
     }
 
     #[test]
     fn chat_defaults_and_precedence_of_max_completion_tokens() {
-        let r = parse_chat(
-            json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}),
-            &config(),
-        )
-        .unwrap();
+        let r = parse_chat(json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}), &config()).unwrap();
         assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
         assert!(!r.stream && !r.include_usage);
         assert_eq!(r.prompt, "user: hi\n");
@@ -604,38 +507,14 @@ mod tests {
     #[test]
     fn invalid_chat_requests_name_the_offending_param() {
         let cases = [
-            (
-                json!({"messages": [{"role": "user", "content": "x"}]}),
-                "model",
-                400,
-            ),
+            (json!({"messages": [{"role": "user", "content": "x"}]}), "model", 400),
             (json!({"model": "a"}), "messages", 400),
             (json!({"model": "a", "messages": []}), "messages", 400),
-            (
-                json!({"model": "a", "messages": [{"content": "x"}]}),
-                "messages",
-                400,
-            ),
-            (
-                json!({"model": "a", "messages": [{"role": "user"}], "n": 2}),
-                "n",
-                400,
-            ),
-            (
-                json!({"model": "a", "messages": [{"role": "user"}], "max_tokens": 0}),
-                "max_tokens",
-                400,
-            ),
-            (
-                json!({"model": "a", "messages": [{"role": "user"}], "max_tokens": 5000}),
-                "max_tokens",
-                400,
-            ),
-            (
-                json!({"model": "zz", "messages": [{"role": "user"}]}),
-                "model",
-                404,
-            ),
+            (json!({"model": "a", "messages": [{"content": "x"}]}), "messages", 400),
+            (json!({"model": "a", "messages": [{"role": "user"}], "n": 2}), "n", 400),
+            (json!({"model": "a", "messages": [{"role": "user"}], "max_tokens": 0}), "max_tokens", 400),
+            (json!({"model": "a", "messages": [{"role": "user"}], "max_tokens": 5000}), "max_tokens", 400),
+            (json!({"model": "zz", "messages": [{"role": "user"}]}), "model", 404),
         ];
         for (body, param, status) in cases {
             let e = parse_chat(body.clone(), &config()).unwrap_err();
@@ -678,11 +557,7 @@ mod tests {
 
     #[test]
     fn usage_null_on_ordinary_chunks_only_when_requested() {
-        let meta = ResponseMeta {
-            id: "x".into(),
-            created: 1,
-            model: "a".into(),
-        };
+        let meta = ResponseMeta { id: "x".into(), created: 1, model: "a".into() };
         let plain = chunk_body(Endpoint::Chat, &meta, ChunkKind::Token("t"), false);
         assert!(plain.get("usage").is_none());
         let with = chunk_body(Endpoint::Chat, &meta, ChunkKind::Token("t"), true);

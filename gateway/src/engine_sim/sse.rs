@@ -36,10 +36,7 @@ mod tests {
     #[test]
     fn json_chunk_is_one_data_line_and_a_blank_line() {
         let chunk = serde_json::json!({"choices": [{"delta": {"content": "a\nb"}}]});
-        assert_eq!(
-            &json_event(&chunk)[..],
-            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\\nb\"}}]}\n\n"
-        );
+        assert_eq!(&json_event(&chunk)[..], b"data: {\"choices\":[{\"delta\":{\"content\":\"a\\nb\"}}]}\n\n");
     }
 
     #[test]

@@ -79,9 +79,7 @@ impl TokenStream {
             shared: Arc::clone(&in_flight.0),
             _in_flight: in_flight,
             endpoint: plan.endpoint,
-            cut_before_token: plan
-                .cut
-                .then(|| CHUNKS_BEFORE_CUT.min(tokens.saturating_sub(1))),
+            cut_before_token: plan.cut.then(|| CHUNKS_BEFORE_CUT.min(tokens.saturating_sub(1))),
             cut_flushed: false,
             next: match plan.endpoint {
                 Endpoint::Chat => Step::Role,
@@ -103,9 +101,7 @@ impl TokenStream {
             // The role chunk goes out with the first token, as engines send it.
             Step::Role => Some(self.first_token_at),
             Step::Token(i) => {
-                let offset = self
-                    .interval
-                    .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+                let offset = self.interval.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
                 Some(self.first_token_at + offset)
             }
             Step::Finish | Step::Usage | Step::Done | Step::Ended => None,
@@ -131,12 +127,7 @@ impl TokenStream {
             Step::Usage => ChunkKind::Usage(self.usage),
             Step::Done | Step::Ended => return Bytes::from_static(sse::DONE),
         };
-        sse::json_event(&chunk_body(
-            self.endpoint,
-            &self.meta,
-            kind,
-            self.include_usage,
-        ))
+        sse::json_event(&chunk_body(self.endpoint, &self.meta, kind, self.include_usage))
     }
 }
 
@@ -144,10 +135,7 @@ impl Body for TokenStream {
     type Data = Bytes;
     type Error = StreamCut;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         let this = self.get_mut();
         let step = this.next;
         if step == Step::Ended {

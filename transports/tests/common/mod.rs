@@ -6,9 +6,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tela_core::NodeId;
-use tela_transports::{
-    Accepted, Connection, Endpoint, EndpointConfig, Identity, JoinSecret, Transport, TransportMode,
-};
+use tela_transports::{Accepted, Connection, Endpoint, EndpointConfig, Identity, JoinSecret, Transport, TransportMode};
 
 pub const SECRET: &str = "federation secret";
 
@@ -38,9 +36,7 @@ pub fn dialer(secret: &str) -> Endpoint {
 
 /// Fails the test instead of hanging it.
 pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
+    tokio::time::timeout(Duration::from_secs(30), f).await.unwrap_or_else(|_| panic!("timed out: {what}"))
 }
 
 /// The next admitted connection on `listener`; fails on a refusal.
@@ -67,13 +63,7 @@ pub async fn connected(transport: Transport) -> Pair {
         Transport::Memory => {
             let (a, b) = (NodeId::from_u64(1), NodeId::from_u64(2));
             let (dialler, acceptor) = Connection::pair(a, b).await;
-            return Pair {
-                dialler,
-                acceptor,
-                dialler_id: a,
-                acceptor_id: b,
-                endpoints: Vec::new(),
-            };
+            return Pair { dialler, acceptor, dialler_id: a, acceptor_id: b, endpoints: Vec::new() };
         }
     };
     let gateway = listener();
