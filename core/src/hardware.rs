@@ -67,27 +67,9 @@ const GIB: u32 = 1024;
 
 /// The GPU catalog, fastest tier first.
 pub const GPU_CATALOG: &[GpuSpec] = &[
-    GpuSpec {
-        model: GpuModel::Gh200,
-        name: "gh200",
-        vram_mib: 96 * GIB,
-        interconnect: Interconnect::NvLink,
-        tier: 1,
-    },
-    GpuSpec {
-        model: GpuModel::H200,
-        name: "h200",
-        vram_mib: 141 * GIB,
-        interconnect: Interconnect::NvLink,
-        tier: 1,
-    },
-    GpuSpec {
-        model: GpuModel::H100,
-        name: "h100",
-        vram_mib: 80 * GIB,
-        interconnect: Interconnect::NvLink,
-        tier: 1,
-    },
+    GpuSpec { model: GpuModel::Gh200, name: "gh200", vram_mib: 96 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
+    GpuSpec { model: GpuModel::H200, name: "h200", vram_mib: 141 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
+    GpuSpec { model: GpuModel::H100, name: "h100", vram_mib: 80 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
     GpuSpec {
         model: GpuModel::Mi300x,
         name: "mi300x",
@@ -109,20 +91,8 @@ pub const GPU_CATALOG: &[GpuSpec] = &[
         interconnect: Interconnect::NvLink,
         tier: 2,
     },
-    GpuSpec {
-        model: GpuModel::L40S,
-        name: "l40s",
-        vram_mib: 48 * GIB,
-        interconnect: Interconnect::Pcie,
-        tier: 2,
-    },
-    GpuSpec {
-        model: GpuModel::V100,
-        name: "v100",
-        vram_mib: 32 * GIB,
-        interconnect: Interconnect::NvLink,
-        tier: 3,
-    },
+    GpuSpec { model: GpuModel::L40S, name: "l40s", vram_mib: 48 * GIB, interconnect: Interconnect::Pcie, tier: 2 },
+    GpuSpec { model: GpuModel::V100, name: "v100", vram_mib: 32 * GIB, interconnect: Interconnect::NvLink, tier: 3 },
     GpuSpec {
         model: GpuModel::Rtx4090,
         name: "rtx4090",
@@ -190,9 +160,7 @@ impl GpuModel {
 
 /// Identifies a fabric: nodes with the same non-zero fabric id share a fast interconnect
 /// (one InfiniBand island), so pipeline splits across them are allowed. Zero means unknown.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct FabricId(pub u32);
 
 /// The hardware a serving node offers.
@@ -253,8 +221,7 @@ impl Hardware {
         let (spec, count) = match (find(&p), p.rsplit_once('x')) {
             (Some(spec), _) => (spec, 1),
             (None, Some((name, n))) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-                let spec =
-                    find(name).ok_or_else(|| ProfileError::UnknownGpu(profile.to_string()))?;
+                let spec = find(name).ok_or_else(|| ProfileError::UnknownGpu(profile.to_string()))?;
                 match n.parse::<u8>() {
                     Ok(count) if count > 0 => (spec, count),
                     _ => return Err(ProfileError::BadCount(profile.to_string())),
@@ -278,11 +245,7 @@ pub enum ProfileError {
 }
 
 fn catalog_names() -> String {
-    GPU_CATALOG
-        .iter()
-        .map(|s| s.name)
-        .collect::<Vec<_>>()
-        .join(", ")
+    GPU_CATALOG.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
@@ -299,10 +262,7 @@ mod tests {
         let h = Hardware::from_profile("a100-80x2").unwrap();
         assert_eq!((h.gpu, h.gpu_count), (GpuModel::A100_80, 2));
         let h = Hardware::from_profile("rtx4090").unwrap();
-        assert_eq!(
-            (h.gpu, h.gpu_count, h.interconnect),
-            (GpuModel::Rtx4090, 1, Interconnect::None)
-        );
+        assert_eq!((h.gpu, h.gpu_count, h.interconnect), (GpuModel::Rtx4090, 1, Interconnect::None));
         assert_eq!(Hardware::from_profile("cpu").unwrap(), Hardware::CPU);
     }
 
@@ -310,42 +270,18 @@ mod tests {
     fn bad_profiles_say_what_is_accepted() {
         let e = Hardware::from_profile("tpu-v5x8").unwrap_err();
         assert!(e.to_string().contains("gh200"), "{e}");
-        assert!(matches!(
-            Hardware::from_profile("h100x0"),
-            Err(ProfileError::BadCount(_))
-        ));
-        assert!(matches!(
-            Hardware::from_profile("h100x999"),
-            Err(ProfileError::BadCount(_))
-        ));
+        assert!(matches!(Hardware::from_profile("h100x0"), Err(ProfileError::BadCount(_))));
+        assert!(matches!(Hardware::from_profile("h100x999"), Err(ProfileError::BadCount(_))));
     }
 
     #[test]
     fn product_names_map_onto_the_catalog() {
-        assert_eq!(
-            GpuModel::from_product_name("NVIDIA H100 80GB HBM3", 81559),
-            GpuModel::H100
-        );
-        assert_eq!(
-            GpuModel::from_product_name("NVIDIA H200", 143771),
-            GpuModel::H200
-        );
-        assert_eq!(
-            GpuModel::from_product_name("NVIDIA A100-SXM4-40GB", 40960),
-            GpuModel::A100_40
-        );
-        assert_eq!(
-            GpuModel::from_product_name("NVIDIA A100-SXM4-80GB", 81920),
-            GpuModel::A100_80
-        );
-        assert_eq!(
-            GpuModel::from_product_name("NVIDIA GeForce RTX 4090", 24564),
-            GpuModel::Rtx4090
-        );
-        assert_eq!(
-            GpuModel::from_product_name("Tesla T4", 15360),
-            GpuModel::Other
-        );
+        assert_eq!(GpuModel::from_product_name("NVIDIA H100 80GB HBM3", 81559), GpuModel::H100);
+        assert_eq!(GpuModel::from_product_name("NVIDIA H200", 143771), GpuModel::H200);
+        assert_eq!(GpuModel::from_product_name("NVIDIA A100-SXM4-40GB", 40960), GpuModel::A100_40);
+        assert_eq!(GpuModel::from_product_name("NVIDIA A100-SXM4-80GB", 81920), GpuModel::A100_80);
+        assert_eq!(GpuModel::from_product_name("NVIDIA GeForce RTX 4090", 24564), GpuModel::Rtx4090);
+        assert_eq!(GpuModel::from_product_name("Tesla T4", 15360), GpuModel::Other);
         assert_eq!(GpuModel::Other.tier(), 4);
         assert_eq!(GpuModel::None.tier(), 0);
     }

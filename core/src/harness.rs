@@ -155,13 +155,7 @@ impl Harness {
     pub fn add(&mut self, config: Config) -> NodeId {
         let id = config.id;
         let node = Node::new(config, self.now);
-        let member = Member {
-            node,
-            deadline: self.now,
-            events: Vec::new(),
-            commands: Vec::new(),
-            running: true,
-        };
+        let member = Member { node, deadline: self.now, events: Vec::new(), commands: Vec::new(), running: true };
         self.members.insert(id, member);
         self.flush(id);
         id
@@ -202,17 +196,12 @@ impl Harness {
     /// # Panics
     /// If no node with this id was ever added.
     pub fn member(&self, id: NodeId) -> &Member {
-        self.members
-            .get(&id)
-            .unwrap_or_else(|| panic!("no node {id} in the harness"))
+        self.members.get(&id).unwrap_or_else(|| panic!("no node {id} in the harness"))
     }
 
     /// Ids of running nodes, in id order.
     pub fn running(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.members
-            .iter()
-            .filter(|(_, m)| m.running)
-            .map(|(id, _)| *id)
+        self.members.iter().filter(|(_, m)| m.running).map(|(id, _)| *id)
     }
 
     /// Advances virtual time by `d`, delivering datagrams and firing timers on the way.
@@ -240,13 +229,7 @@ impl Harness {
     /// Processes the next delivery or timer at or before `end`; false if there is none.
     fn step(&mut self, end: Time) -> bool {
         let next_flight = self.flights.peek().map_or(Time::NEVER, |f| f.at);
-        let next_timer = self
-            .members
-            .values()
-            .filter(|m| m.running)
-            .map(|m| m.deadline)
-            .min()
-            .unwrap_or(Time::NEVER);
+        let next_timer = self.members.values().filter(|m| m.running).map(|m| m.deadline).min().unwrap_or(Time::NEVER);
         let at = next_flight.min(next_timer);
         if at > end || at == Time::NEVER {
             return false;
@@ -256,12 +239,8 @@ impl Harness {
             let f = self.flights.pop().expect("peeked");
             self.deliver(f);
         } else {
-            let due: Vec<NodeId> = self
-                .members
-                .iter()
-                .filter(|(_, m)| m.running && m.deadline <= at)
-                .map(|(id, _)| *id)
-                .collect();
+            let due: Vec<NodeId> =
+                self.members.iter().filter(|(_, m)| m.running && m.deadline <= at).map(|(id, _)| *id).collect();
             for id in due {
                 self.input(id, Input::Timeout);
             }
@@ -274,13 +253,7 @@ impl Harness {
         match self.members.get_mut(&f.to).filter(|m| m.running) {
             Some(m) => {
                 self.delivered += 1;
-                m.node.handle_input(
-                    now,
-                    Input::Datagram {
-                        from: f.from,
-                        payload: f.payload,
-                    },
-                );
+                m.node.handle_input(now, Input::Datagram { from: f.from, payload: f.payload });
                 self.flush(f.to);
             }
             None => self.dropped += 1,
@@ -316,11 +289,7 @@ impl Harness {
                         self.dropped += 1;
                         continue;
                     }
-                    let latency = self
-                        .link_latency
-                        .get(&(id, t.to))
-                        .copied()
-                        .unwrap_or(self.latency);
+                    let latency = self.link_latency.get(&(id, t.to)).copied().unwrap_or(self.latency);
                     self.seq += 1;
                     self.flights.push(Flight {
                         at: self.now + latency,

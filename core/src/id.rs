@@ -14,9 +14,7 @@ impl NodeId {
     /// A deterministic id for tests and simulations: `n` in the last eight bytes, big-endian.
     pub const fn from_u64(n: u64) -> NodeId {
         let b = n.to_be_bytes();
-        NodeId([
-            0, 0, 0, 0, 0, 0, 0, 0, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
-        ])
+        NodeId([0, 0, 0, 0, 0, 0, 0, 0, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
     }
 
     /// The first eight bytes as a number; cheap to hash and to print.

@@ -74,10 +74,7 @@ pub mod harness;
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
 pub use id::NodeId;
 pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
-pub use record::{
-    Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord,
-    Version,
-};
+pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version};
 pub use replica::Replica;
 pub use routing::{route, RouteError};
 pub use time::Time;

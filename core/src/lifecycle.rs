@@ -15,7 +15,7 @@
 //! [`Input::EngineReady`]: crate::Input::EngineReady
 
 use crate::node::{Command, Node, Output};
-use crate::record::{Lifecycle, Load, Model, ModelSet, Record};
+use crate::record::{Lifecycle, Load, Model, ModelSet, Record, MAX_MODEL_NAME};
 use crate::replica::Merged;
 use crate::time::Time;
 use crate::timer::Timer;
@@ -36,7 +36,11 @@ impl Node {
         if self.local.draining {
             return;
         }
-        let models = ModelSet::from_models(models);
+        // Names the wire cannot carry are dropped here rather than poisoning every datagram
+        // that would carry our record; the runtime validates and logs them first.
+        let valid = |m: &Model| !m.name.is_empty() && m.name.len() <= MAX_MODEL_NAME;
+        self.stats.models_rejected += models.iter().filter(|m| !valid(m)).count() as u64;
+        let models = ModelSet::from_models(models.into_iter().filter(valid).collect());
         let current = self.replica.local().clone();
         match current.state {
             Lifecycle::Join => self.update_local(|r| {
@@ -44,14 +48,10 @@ impl Node {
                 r.state = Lifecycle::Serve;
             }),
             Lifecycle::Serve if current.models == models => {}
-            Lifecycle::Serve if models.absorbs(&current.models) => {
-                self.update_local(|r| r.models = models)
-            }
+            Lifecycle::Serve if models.absorbs(&current.models) => self.update_local(|r| r.models = models),
             // A shrunken model set, or an engine back after a failure: only a new generation can
             // withdraw models or leave DOWN.
-            Lifecycle::Serve | Lifecycle::Down => {
-                self.new_generation(current.generation, Lifecycle::Serve, models)
-            }
+            Lifecycle::Serve | Lifecycle::Down => self.new_generation(current.generation, Lifecycle::Serve, models),
             Lifecycle::Left => {}
         }
     }
@@ -69,8 +69,7 @@ impl Node {
             return;
         }
         self.local.draining = true;
-        let deadline =
-            (self.now + self.config.drain_window).min(self.local.walltime.unwrap_or(Time::NEVER));
+        let deadline = (self.now + self.config.drain_window).min(self.local.walltime.unwrap_or(Time::NEVER));
         self.timers.set(Timer::DrainDeadline, deadline);
         if state < Lifecycle::Down {
             self.update_local(|r| r.state = Lifecycle::Down);
@@ -82,11 +81,7 @@ impl Node {
         self.local.walltime = Some(at);
         if self.local.draining {
             // Already draining: the walltime can only bring the deadline forward.
-            let deadline = self
-                .timers
-                .get(Timer::DrainDeadline)
-                .unwrap_or(Time::NEVER)
-                .min(at);
+            let deadline = self.timers.get(Timer::DrainDeadline).unwrap_or(Time::NEVER).min(at);
             self.timers.set(Timer::DrainDeadline, deadline);
             return;
         }
@@ -119,8 +114,7 @@ impl Node {
         self.timers.stop(Timer::Heartbeat);
         self.timers.stop(Timer::DrainStart);
         self.outputs.push_back(Output::Command(Command::StopEngine));
-        self.timers
-            .set(Timer::Exit, self.now + self.config.leave_linger);
+        self.timers.set(Timer::Exit, self.now + self.config.leave_linger);
     }
 
     pub(crate) fn heartbeat(&mut self) {
@@ -133,6 +127,7 @@ impl Node {
     /// Someone holds a version of our record that we do not (a DOWN we never declared, or a
     /// record from before a restart): move to a generation above it, keeping our own state.
     pub(crate) fn refute(&mut self, heard_generation: u64) {
+        self.stats.refutations += 1;
         let current = self.replica.local().clone();
         let at_least = current.generation.max(heard_generation);
         self.new_generation(at_least, current.state, current.models.clone());
@@ -163,10 +158,7 @@ impl Node {
         let mut next = (*current).clone();
         change(&mut next);
         next.heartbeat = next.heartbeat.saturating_add(1);
-        debug_assert!(
-            next.state >= current.state,
-            "lifecycle moved backwards within a generation"
-        );
+        debug_assert!(next.state >= current.state, "lifecycle moved backwards within a generation");
         let merged = self.replica.set_local(self.now, next);
         self.after_local_change(&current, merged);
     }

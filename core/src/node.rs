@@ -226,8 +226,13 @@ pub struct Stats {
     pub rejected: u64,
     /// Records merged that changed the replica.
     pub records_changed: u64,
-    /// Generations started after the first (restarts into a new generation, refutations).
+    /// Generations started after the first (engine recovery, shrunken model sets, refutations).
     pub new_generations: u64,
+    /// Refutations: versions of our own record heard that we did not make (a false DOWN, or a
+    /// record from an earlier process).
+    pub refutations: u64,
+    /// Models from the engine dropped because their names are empty or too long for the wire.
+    pub models_rejected: u64,
 }
 
 /// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.
@@ -294,20 +299,11 @@ impl Node {
         config.max_datagram = config.max_datagram.clamp(256, MAX_DATAGRAM);
         config.fanout = config.fanout.max(1);
         let tick = Duration::from_millis(1);
-        for d in [
-            &mut config.gossip_interval,
-            &mut config.heartbeat_interval,
-            &mut config.sweep_interval,
-        ] {
+        for d in [&mut config.gossip_interval, &mut config.heartbeat_interval, &mut config.sweep_interval] {
             *d = (*d).max(tick);
         }
-        let record = Record::new(
-            config.id,
-            config.generation,
-            config.role,
-            config.hardware.clone(),
-            config.reach.clone(),
-        );
+        let record =
+            Record::new(config.id, config.generation, config.role, config.hardware.clone(), config.reach.clone());
         let mut node = Node {
             rng: ChaCha8Rng::seed_from_u64(config.rng_seed),
             replica: Replica::new(record, now, config.dead_after),
@@ -324,10 +320,8 @@ impl Node {
         };
         let jitter = node.jitter(node.config.gossip_interval);
         node.timers.set(Timer::Gossip, now + jitter);
-        node.timers
-            .set(Timer::Heartbeat, now + node.config.heartbeat_interval);
-        node.timers
-            .set(Timer::Sweep, now + node.config.sweep_interval);
+        node.timers.set(Timer::Heartbeat, now + node.config.heartbeat_interval);
+        node.timers.set(Timer::Sweep, now + node.config.sweep_interval);
         node.emit_local_state();
         node
     }
@@ -361,9 +355,7 @@ impl Node {
 
     /// The next thing to do; returns [`Output::Timeout`] once nothing else is pending.
     pub fn poll_output(&mut self) -> Output {
-        self.outputs
-            .pop_front()
-            .unwrap_or_else(|| Output::Timeout(self.timers.next_deadline()))
+        self.outputs.pop_front().unwrap_or_else(|| Output::Timeout(self.timers.next_deadline()))
     }
 
     /// This node's replica of the registry.
@@ -402,17 +394,21 @@ impl Node {
     }
 
     fn handle_timeouts(&mut self) {
+        // Each due timer fires once per call, even if re-arming lands it at `now` again (as it
+        // does at the end of time, where `now + interval` saturates).
+        let mut due = Vec::with_capacity(Timer::ALL.len());
         while let Some(timer) = self.timers.pop_expired(self.now) {
+            due.push(timer);
+        }
+        for timer in due {
             match timer {
                 Timer::Gossip => {
                     self.gossip_round();
-                    self.timers
-                        .set(Timer::Gossip, self.now + self.config.gossip_interval);
+                    self.timers.set(Timer::Gossip, self.now + self.config.gossip_interval);
                 }
                 Timer::Heartbeat => {
                     self.heartbeat();
-                    self.timers
-                        .set(Timer::Heartbeat, self.now + self.config.heartbeat_interval);
+                    self.timers.set(Timer::Heartbeat, self.now + self.config.heartbeat_interval);
                 }
                 Timer::Sweep => {
                     let mut flips = core::mem::take(&mut self.flips);
@@ -421,8 +417,7 @@ impl Node {
                         self.emit_routable(id, routable);
                     }
                     self.flips = flips;
-                    self.timers
-                        .set(Timer::Sweep, self.now + self.config.sweep_interval);
+                    self.timers.set(Timer::Sweep, self.now + self.config.sweep_interval);
                 }
                 Timer::DrainStart => self.start_drain(),
                 Timer::DrainDeadline => self.leave(),
@@ -443,8 +438,7 @@ impl Node {
             Ok(msg) => self.handle_message(from, msg),
             Err(error) => {
                 self.stats.rejected += 1;
-                self.outputs
-                    .push_back(Output::Event(Event::Rejected { from, error }));
+                self.outputs.push_back(Output::Event(Event::Rejected { from, error }));
             }
         }
     }
@@ -471,20 +465,13 @@ impl Node {
     }
 
     pub(crate) fn emit_routable(&mut self, id: NodeId, routable: bool) {
-        let e = if routable {
-            Event::Routable(id)
-        } else {
-            Event::Unroutable(id)
-        };
+        let e = if routable { Event::Routable(id) } else { Event::Unroutable(id) };
         self.outputs.push_back(Output::Event(e));
     }
 
     pub(crate) fn emit_local_state(&mut self) {
         let r = self.replica.local();
-        let e = Event::LocalState {
-            generation: r.generation,
-            state: r.state,
-        };
+        let e = Event::LocalState { generation: r.generation, state: r.state };
         self.outputs.push_back(Output::Event(e));
     }
 
@@ -492,8 +479,7 @@ impl Node {
         debug_assert!(payload.len() <= self.config.max_datagram);
         self.stats.datagrams_out += 1;
         self.stats.bytes_out += payload.len() as u64;
-        self.outputs
-            .push_back(Output::Transmit(Transmit { to, payload }));
+        self.outputs.push_back(Output::Transmit(Transmit { to, payload }));
     }
 
     fn jitter(&mut self, max: Duration) -> Duration {
@@ -511,16 +497,8 @@ mod tests {
     fn node_is_send_and_outputs_stay_small() {
         fn is_send<T: Send>() {}
         is_send::<Node>();
-        assert!(
-            core::mem::size_of::<Output>() <= 64,
-            "Output is {} bytes",
-            core::mem::size_of::<Output>()
-        );
-        assert!(
-            core::mem::size_of::<Input>() <= 64,
-            "Input is {} bytes",
-            core::mem::size_of::<Input>()
-        );
+        assert!(core::mem::size_of::<Output>() <= 64, "Output is {} bytes", core::mem::size_of::<Output>());
+        assert!(core::mem::size_of::<Input>() <= 64, "Input is {} bytes", core::mem::size_of::<Input>());
     }
 
     #[test]
@@ -531,10 +509,7 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("dead_after"));
         c = Config::new(NodeId::from_u64(1), 1);
         c.gossip_interval = Duration::ZERO;
-        assert_eq!(
-            c.validate(),
-            Err(ConfigError::ZeroInterval("gossip_interval"))
-        );
+        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("gossip_interval")));
         c = Config::new(NodeId::from_u64(1), 1);
         c.max_datagram = 5000;
         assert!(c.validate().is_err());

@@ -2,9 +2,12 @@
 //!
 //! Every gossip round a node sends each of `fanout` random peers a *digest* — the versions it
 //! holds for its own record and a rotating window of its registry, as many as fit one datagram.
-//! The receiver answers with the records it holds newer ([`Message::Records`]) and asks for the
-//! ones it lacks ([`Message::Want`]), which the first node then sends. Changes to the local
-//! lifecycle are also pushed at once to `fanout` peers.
+//! The receiver answers with the records it holds newer ([`Message::Records`]), asks for the
+//! ones it lacks ([`Message::Want`]), which the first node then sends, and sends back a digest
+//! of its own window ([`Message::DigestReply`]) so that the initiator — often an outbound-only
+//! node that nobody else can reach — learns of nodes it did not know. Heartbeats travel inside
+//! digests as liveness evidence; only changes of generation, state or content move whole
+//! records. Changes to the local lifecycle are also pushed at once to `fanout` peers.
 //!
 //! This is simple and converges, but every node's heartbeat travels to every node, and a full
 //! pass over the registry takes `n / window` rounds: it is meant for federations of tens to a few
@@ -12,7 +15,7 @@
 
 use crate::id::NodeId;
 use crate::node::Node;
-use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
+use crate::record::{Lifecycle, Reachability, Record, SharedRecord, Version};
 use crate::wire::{Builder, DigestEntry, Message};
 
 /// Records sent in answer to one digest or want, in datagrams; bounds reply amplification.
@@ -29,7 +32,7 @@ impl Node {
     pub(crate) fn gossip_round(&mut self) {
         let peers = self.pick_peers(self.config.fanout);
         for peer in peers {
-            self.send_digest(peer);
+            self.send_digest(peer, false);
         }
         if self.replica.local().state == Lifecycle::Left {
             self.announce();
@@ -46,40 +49,57 @@ impl Node {
 
     pub(crate) fn handle_message(&mut self, from: NodeId, msg: Message) {
         match msg {
-            Message::Digest(entries) => self.on_digest(from, &entries),
+            Message::Digest(entries) => {
+                self.on_digest(from, &entries);
+                self.send_digest(from, true);
+            }
+            Message::DigestReply(entries) => self.on_digest(from, &entries),
             Message::Records(records) => {
                 for r in records {
                     self.absorb(r);
                 }
             }
             Message::Want(ids) => {
-                let records: Vec<SharedRecord> = ids
-                    .iter()
-                    .filter_map(|id| self.replica.get(id).map(|s| s.record().clone()))
-                    .collect();
+                let records: Vec<SharedRecord> =
+                    ids.iter().filter_map(|id| self.replica.get(id).map(|s| s.record().clone())).collect();
                 self.send_records(from, &records);
             }
         }
     }
 
     fn on_digest(&mut self, from: NodeId, entries: &[DigestEntry]) {
-        let mut newer = Vec::new();
+        // Heartbeat news is taken straight from the digest (liveness evidence, no record needed);
+        // only changes of generation, state or content are exchanged as whole records.
+        let mut newer: Vec<SharedRecord> = Vec::new();
         let mut want = Builder::<NodeId>::new(self.config.max_datagram);
+        let mut flips = Vec::new();
         for e in entries {
-            match self.replica.get(&e.id) {
-                None => {
-                    want.push(&e.id);
-                }
-                Some(slot) => {
-                    let mine = slot.record().version();
-                    if !e.version.covers(&mine) {
-                        newer.push(slot.record().clone());
+            let Some(slot) = self.replica.get(&e.id) else {
+                want.push(&e.id);
+                continue;
+            };
+            let r = slot.record();
+            let v = &e.version;
+            if (r.generation, r.state, slot.stamp()) == (v.generation, v.state, e.stamp) {
+                if v.heartbeat > slot.heartbeat() && e.id != self.config.id {
+                    let id = e.id;
+                    if let Some(f) = self.replica.note_heartbeat(self.now, &id, v.generation, v.heartbeat) {
+                        flips.push((id, f));
                     }
-                    if !mine.covers(&e.version) {
-                        want.push(&e.id);
-                    }
                 }
+                continue;
             }
+            let mine = r.version();
+            let content_differs = (r.generation, r.state) == (v.generation, v.state);
+            if content_differs || !v.covers(&mine) {
+                newer.push(r.clone());
+            }
+            if content_differs || !mine.covers(v) {
+                want.push(&e.id);
+            }
+        }
+        for (id, routable) in flips {
+            self.emit_routable(id, routable);
         }
         self.send_records(from, &newer);
         if !want.is_empty() {
@@ -87,24 +107,22 @@ impl Node {
         }
     }
 
-    fn send_digest(&mut self, to: NodeId) {
-        let mut b = Builder::<DigestEntry>::new(self.config.max_datagram);
-        let own = self.replica.local();
-        b.push(&DigestEntry {
-            id: own.id,
-            version: own.version(),
-        });
+    fn send_digest(&mut self, to: NodeId, reply: bool) {
+        let limit = self.config.max_datagram;
+        let mut b = if reply { Builder::digest_reply(limit) } else { Builder::<DigestEntry>::new(limit) };
+        let entry = |slot: &crate::replica::Slot| {
+            let r = slot.record();
+            let version = Version { generation: r.generation, state: r.state, heartbeat: slot.heartbeat() };
+            DigestEntry { id: r.id, version, stamp: slot.stamp() }
+        };
         let slots = self.replica.slots();
+        b.push(&entry(&slots[0]));
         let n = slots.len();
         let mut taken = 0;
         // Slot 0 is the local record, already in.
         while taken + 1 < n {
             let i = 1 + (self.gossip.cursor + taken) % (n - 1);
-            let r = slots[i].record();
-            if !b.push(&DigestEntry {
-                id: r.id,
-                version: r.version(),
-            }) {
+            if !b.push(&entry(&slots[i])) {
                 break;
             }
             taken += 1;
@@ -143,16 +161,27 @@ impl Node {
     fn pick_peers(&mut self, k: usize) -> Vec<NodeId> {
         use rand::Rng;
         let me = self.config.id;
+        let mut picked: Vec<NodeId> = Vec::with_capacity(k);
+        // Fast path for large registries: sample slots at random and keep alive, reachable ones.
+        let n = self.replica.len();
+        if n > 4 * k + 1 {
+            for _ in 0..k * 4 {
+                let slot = &self.replica.slots()[self.rng.random_range(1..n)];
+                let r = slot.record();
+                if slot.is_alive() && r.state != Lifecycle::Left && self.reachable(r) && !picked.contains(&r.id) {
+                    picked.push(r.id);
+                    if picked.len() == k {
+                        return picked;
+                    }
+                }
+            }
+        }
+        // Small or mostly dead registry: scan.
         let mut alive: Vec<NodeId> = Vec::new();
         let mut other: Vec<NodeId> = Vec::new();
         for slot in self.replica.slots() {
             let r = slot.record();
-            if r.id == me || r.state == Lifecycle::Left {
-                continue;
-            }
-            let reachable = matches!(r.reach, Reachability::Public(_))
-                || self.connected.binary_search(&r.id).is_ok();
-            if !reachable {
+            if r.id == me || r.state == Lifecycle::Left || picked.contains(&r.id) || !self.reachable(r) {
                 continue;
             }
             if slot.is_alive() {
@@ -163,11 +192,10 @@ impl Node {
         }
         // Connected peers whose record we do not know yet (a freshly dialled anchor).
         for &p in &self.connected {
-            if self.replica.get(&p).is_none() {
+            if self.replica.get(&p).is_none() && !picked.contains(&p) {
                 alive.push(p);
             }
         }
-        let mut picked = Vec::with_capacity(k);
         for pool in [&mut alive, &mut other] {
             while picked.len() < k && !pool.is_empty() {
                 let i = self.rng.random_range(0..pool.len());
@@ -175,5 +203,10 @@ impl Node {
             }
         }
         picked
+    }
+
+    /// Public nodes, and any node with a live connection to us.
+    fn reachable(&self, r: &Record) -> bool {
+        matches!(r.reach, Reachability::Public(_)) || self.connected.binary_search(&r.id).is_ok()
     }
 }

@@ -101,10 +101,7 @@ pub struct Model {
 impl Model {
     /// A model of unknown format.
     pub fn named(name: impl Into<String>) -> Model {
-        Model {
-            name: name.into(),
-            quant: Quantization::Unknown,
-        }
+        Model { name: name.into(), quant: Quantization::Unknown }
     }
 }
 
@@ -157,15 +154,8 @@ impl ModelSet {
 
     /// True if `self.union(other) == self`, decided without allocating.
     pub fn absorbs(&self, other: &ModelSet) -> bool {
-        let full_max = if self.0.len() == MAX_MODELS {
-            self.0.last()
-        } else {
-            None
-        };
-        other
-            .0
-            .iter()
-            .all(|m| self.0.binary_search(m).is_ok() || full_max.is_some_and(|top| m > top))
+        let full_max = if self.0.len() == MAX_MODELS { self.0.last() } else { None };
+        other.0.iter().all(|m| self.0.binary_search(m).is_ok() || full_max.is_some_and(|top| m > top))
     }
 
     /// The lattice join: union, capped at the `MAX_MODELS` smallest.
@@ -214,9 +204,7 @@ pub enum Reachability {
 }
 
 /// The load summary routing needs, refreshed with every heartbeat.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Load {
     /// Requests being served now.
     pub in_flight: u32,
@@ -242,9 +230,7 @@ impl Version {
     /// (state, heartbeat) is enough to tell whether merging `other` could change `self`.
     pub fn covers(&self, other: &Version) -> bool {
         self.generation > other.generation
-            || (self.generation == other.generation
-                && self.state >= other.state
-                && self.heartbeat >= other.heartbeat)
+            || (self.generation == other.generation && self.state >= other.state && self.heartbeat >= other.heartbeat)
     }
 }
 
@@ -273,13 +259,7 @@ pub struct Record {
 
 impl Record {
     /// A fresh record in state JOIN.
-    pub fn new(
-        id: NodeId,
-        generation: u64,
-        role: Role,
-        hardware: Hardware,
-        reach: Reachability,
-    ) -> Record {
+    pub fn new(id: NodeId, generation: u64, role: Role, hardware: Hardware, reach: Reachability) -> Record {
         Record {
             id,
             generation,
@@ -295,11 +275,7 @@ impl Record {
 
     /// This record's version.
     pub fn version(&self) -> Version {
-        Version {
-            generation: self.generation,
-            state: self.state,
-            heartbeat: self.heartbeat,
-        }
+        Version { generation: self.generation, state: self.state, heartbeat: self.heartbeat }
     }
 
     /// The lattice join of two versions of the same node's record.
@@ -354,12 +330,7 @@ impl Record {
         if !self.models.is_canonical() {
             return Err(InvalidRecord::ModelsNotCanonical);
         }
-        if let Some(m) = self
-            .models
-            .as_slice()
-            .iter()
-            .find(|m| m.name.len() > MAX_MODEL_NAME || m.name.is_empty())
-        {
+        if let Some(m) = self.models.as_slice().iter().find(|m| m.name.len() > MAX_MODEL_NAME || m.name.is_empty()) {
             return Err(InvalidRecord::ModelName(m.name.len()));
         }
         if let Reachability::Public(a) = &self.reach {
@@ -397,21 +368,12 @@ pub(crate) mod strategy {
 
     /// Any lifecycle state.
     pub fn lifecycle() -> impl Strategy<Value = Lifecycle> {
-        prop_oneof![
-            Just(Lifecycle::Join),
-            Just(Lifecycle::Serve),
-            Just(Lifecycle::Down),
-            Just(Lifecycle::Left)
-        ]
+        prop_oneof![Just(Lifecycle::Join), Just(Lifecycle::Serve), Just(Lifecycle::Down), Just(Lifecycle::Left)]
     }
 
     /// A small model set drawn from a few names, so that unions overlap and overflow.
     pub fn models() -> impl Strategy<Value = ModelSet> {
-        let quant = prop_oneof![
-            Just(Quantization::Unknown),
-            Just(Quantization::Fp16),
-            Just(Quantization::Awq)
-        ];
+        let quant = prop_oneof![Just(Quantization::Unknown), Just(Quantization::Fp16), Just(Quantization::Awq)];
         let model = ("[a-k]{1,3}", quant).prop_map(|(name, quant)| Model { name, quant });
         prop::collection::vec(model, 0..10).prop_map(ModelSet::from_models)
     }
@@ -422,11 +384,7 @@ pub(crate) mod strategy {
             gpu: [GpuModel::None, GpuModel::H100, GpuModel::Rtx4090][g as usize],
             gpu_count: count,
             vram_mib: u32::from(count) * 1000,
-            interconnect: if count > 1 {
-                Interconnect::NvLink
-            } else {
-                Interconnect::None
-            },
+            interconnect: if count > 1 { Interconnect::NvLink } else { Interconnect::None },
             fabric: FabricId(fabric),
         })
     }
@@ -440,30 +398,20 @@ pub(crate) mod strategy {
             prop_oneof![Just(Role::Serving), Just(Role::Gateway)],
             models(),
             hardware(),
-            prop_oneof![
-                Just(Reachability::OutboundOnly),
-                "[a-c]{1,2}:[0-9]".prop_map(Reachability::Public)
-            ],
+            prop_oneof![Just(Reachability::OutboundOnly), "[a-c]{1,2}:[0-9]".prop_map(Reachability::Public)],
             (0u32..3, 0u32..3),
         )
-            .prop_map(
-                move |(generation, state, heartbeat, role, models, hardware, reach, (i, q))| {
-                    Record {
-                        id,
-                        generation,
-                        state,
-                        heartbeat,
-                        role,
-                        models,
-                        hardware,
-                        reach,
-                        load: Load {
-                            in_flight: i,
-                            queued: q,
-                        },
-                    }
-                },
-            )
+            .prop_map(move |(generation, state, heartbeat, role, models, hardware, reach, (i, q))| Record {
+                id,
+                generation,
+                state,
+                heartbeat,
+                role,
+                models,
+                hardware,
+                reach,
+                load: Load { in_flight: i, queued: q },
+            })
     }
 }
 
@@ -554,13 +502,7 @@ mod tests {
 
     #[test]
     fn down_wins_over_serve_in_one_generation_and_loses_to_the_next() {
-        let mut serve = Record::new(
-            ID,
-            1,
-            Role::Serving,
-            Hardware::CPU,
-            Reachability::OutboundOnly,
-        );
+        let mut serve = Record::new(ID, 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
         serve.state = Lifecycle::Serve;
         serve.heartbeat = 9;
         let mut down = serve.clone();
@@ -576,25 +518,13 @@ mod tests {
 
     #[test]
     fn validation_rejects_what_the_wire_cannot_carry() {
-        let mut r = Record::new(
-            ID,
-            1,
-            Role::Serving,
-            Hardware::CPU,
-            Reachability::OutboundOnly,
-        );
+        let mut r = Record::new(ID, 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
         r.models = ModelSet(vec![Model::named("b"), Model::named("a")]);
         assert_eq!(r.validate(), Err(InvalidRecord::ModelsNotCanonical));
         r.models = ModelSet::from_models(vec![Model::named("x".repeat(MAX_MODEL_NAME + 1))]);
-        assert_eq!(
-            r.validate(),
-            Err(InvalidRecord::ModelName(MAX_MODEL_NAME + 1))
-        );
+        assert_eq!(r.validate(), Err(InvalidRecord::ModelName(MAX_MODEL_NAME + 1)));
         r.models = ModelSet::new();
         r.reach = Reachability::Public("h".repeat(MAX_ADDR + 1));
-        assert!(matches!(
-            r.validate(),
-            Err(InvalidRecord::AddressTooLong(_))
-        ));
+        assert!(matches!(r.validate(), Err(InvalidRecord::AddressTooLong(_))));
     }
 }

@@ -18,6 +18,8 @@ use crate::time::Time;
 use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 /// What this replica knows about one node.
@@ -28,6 +30,13 @@ pub struct Slot {
     changed_at: Time,
     alive: bool,
     routable: bool,
+    /// When this slot's entry in the expiry heap falls due; older heap entries are stale.
+    due: Time,
+    /// The highest heartbeat heard for the stored generation (from digests), which may be ahead
+    /// of the stored record's: liveness news travels without whole records.
+    beat: u64,
+    /// Hash of the content that is neither version nor load (models, hardware, reach, role).
+    stamp: u32,
 }
 
 impl Slot {
@@ -44,6 +53,16 @@ impl Slot {
     /// Local time at which the merged record last changed here.
     pub fn changed_at(&self) -> Time {
         self.changed_at
+    }
+
+    /// The highest heartbeat known for the stored generation.
+    pub fn heartbeat(&self) -> u64 {
+        self.beat.max(self.record.heartbeat)
+    }
+
+    /// Hash of the record's models, hardware, reachability and role.
+    pub fn stamp(&self) -> u32 {
+        self.stamp
     }
 
     /// Alive as of the last merge or sweep.
@@ -77,15 +96,20 @@ pub struct Replica {
     index: HashMap<NodeId, u32, FixedState>,
     hosts: HashMap<String, Vec<NodeId>, FixedState>,
     view: u64,
+    /// Alive slots by the time they would die without news: sweeps touch only what is due.
+    expiries: BinaryHeap<Reverse<(Time, u32)>>,
 }
 
 /// Hash of what replicas must agree on about one record: identity, generation, state, models.
 /// Heartbeat and load move all the time and are left out.
+fn content_stamp(r: &Record) -> u32 {
+    use core::hash::BuildHasher;
+    FixedState::default().hash_one((&r.models, &r.hardware, &r.reach, r.role)) as u32
+}
+
 fn view_hash(r: &Record) -> u64 {
-    use core::hash::{BuildHasher, Hash, Hasher};
-    let mut h = FixedState::default().build_hasher();
-    (r.id, r.generation, r.state, &r.models).hash(&mut h);
-    h.finish()
+    use core::hash::BuildHasher;
+    FixedState::default().hash_one((r.id, r.generation, r.state, &r.models))
 }
 
 impl Replica {
@@ -99,6 +123,7 @@ impl Replica {
             index: HashMap::with_hasher(FixedState::default()),
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
+            expiries: BinaryHeap::new(),
         };
         r.merge(now, Arc::new(local));
         r
@@ -142,12 +167,7 @@ impl Replica {
 
     /// Names of models with at least one routable host, sorted.
     pub fn routable_models(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self
-            .hosts
-            .iter()
-            .filter(|(_, h)| !h.is_empty())
-            .map(|(m, _)| m.as_str())
-            .collect();
+        let mut names: Vec<&str> = self.hosts.iter().filter(|(_, h)| !h.is_empty()).map(|(m, _)| m.as_str()).collect();
         names.sort_unstable();
         names
     }
@@ -158,21 +178,25 @@ impl Replica {
             let id = incoming.id;
             let alive = incoming.state < Lifecycle::Left;
             self.view ^= view_hash(&incoming);
+            let beat = incoming.heartbeat;
+            let stamp = content_stamp(&incoming);
             let slot = Slot {
                 record: incoming,
                 last_advanced: now,
                 changed_at: now,
                 alive,
                 routable: false,
+                due: Time::NEVER,
+                beat,
+                stamp,
             };
             self.index.insert(id, self.slots.len() as u32);
             self.slots.push(slot);
+            if alive && id != self.local {
+                self.arm(self.slots.len() - 1);
+            }
             let routable = self.refresh(self.slots.len() - 1, None);
-            return Merged {
-                changed: true,
-                new_node: true,
-                routable,
-            };
+            return Merged { changed: true, new_node: true, routable };
         };
         let i = i as usize;
         let old = &self.slots[i].record;
@@ -183,44 +207,86 @@ impl Replica {
         } else {
             Arc::new(old.join(&incoming))
         };
-        let advanced = merged.generation > old.generation || merged.heartbeat > old.heartbeat;
-        if (merged.generation, merged.state, &merged.models)
-            != (old.generation, old.state, &old.models)
-        {
+        let advanced = merged.generation > old.generation || merged.heartbeat > self.slots[i].heartbeat();
+        let new_generation = merged.generation > old.generation;
+        if (merged.generation, merged.state, &merged.models) != (old.generation, old.state, &old.models) {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
         slot.changed_at = now;
+        if (&previous.models, &previous.hardware, &previous.reach, previous.role)
+            != (&slot.record.models, &slot.record.hardware, &slot.record.reach, slot.record.role)
+        {
+            slot.stamp = content_stamp(&slot.record);
+        }
+        slot.beat = if new_generation { slot.record.heartbeat } else { slot.beat.max(slot.record.heartbeat) };
         if advanced {
             slot.last_advanced = now;
+            let revived = !slot.alive;
             slot.alive = true;
+            if revived && slot.record.id != self.local {
+                self.arm(i);
+            }
         }
+        let slot = &mut self.slots[i];
         if slot.record.state == Lifecycle::Left {
             slot.alive = false;
         }
         let routable = self.refresh(i, Some(&previous));
-        Merged {
-            changed: true,
-            new_node: false,
-            routable,
+        Merged { changed: true, new_node: false, routable }
+    }
+
+    /// Notes that a peer holds heartbeat `heartbeat` of `id`'s generation `generation`: evidence
+    /// of life without the record. Returns the routability flip, if any.
+    pub fn note_heartbeat(&mut self, now: Time, id: &NodeId, generation: u64, heartbeat: u64) -> Option<bool> {
+        let i = *self.index.get(id)? as usize;
+        let slot = &mut self.slots[i];
+        if slot.record.generation != generation || heartbeat <= slot.heartbeat() || slot.record.state == Lifecycle::Left
+        {
+            return None;
         }
+        slot.beat = heartbeat;
+        slot.last_advanced = now;
+        if slot.alive || slot.record.id == self.local {
+            return None;
+        }
+        slot.alive = true;
+        self.arm(i);
+        self.refresh(i, None)
     }
 
     /// Re-judges liveness at `now`; appends `(node, routable)` for every routability flip.
+    ///
+    /// Costs O(log n) per slot that fell due since the last sweep, not O(n).
     pub fn sweep(&mut self, now: Time, flips: &mut Vec<(NodeId, bool)>) {
-        for i in 0..self.slots.len() {
+        while let Some(&Reverse((due, i))) = self.expiries.peek() {
+            if due > now {
+                break;
+            }
+            self.expiries.pop();
+            let i = i as usize;
             let slot = &self.slots[i];
-            let alive = slot.record.state < Lifecycle::Left
-                && (slot.record.id == self.local
-                    || now.saturating_since(slot.last_advanced) < self.dead_after);
-            if alive != slot.alive {
-                self.slots[i].alive = alive;
-                if let Some(r) = self.refresh(i, None) {
-                    flips.push((self.slots[i].record.id, r));
-                }
+            if slot.due != due || !slot.alive {
+                continue; // stale entry
+            }
+            if slot.last_advanced + self.dead_after > now {
+                self.arm(i); // news arrived since it was armed
+                continue;
+            }
+            self.slots[i].alive = false;
+            self.slots[i].due = Time::NEVER;
+            if let Some(r) = self.refresh(i, None) {
+                flips.push((self.slots[i].record.id, r));
             }
         }
+    }
+
+    /// Puts slot `i` into the expiry heap at the time it would die without news.
+    fn arm(&mut self, i: usize) {
+        let due = self.slots[i].last_advanced + self.dead_after;
+        self.slots[i].due = due;
+        self.expiries.push(Reverse((due, i as u32)));
     }
 
     /// Recomputes slot `i`'s routability and keeps the host index in step. `previous` is the
@@ -228,10 +294,8 @@ impl Replica {
     fn refresh(&mut self, i: usize, previous: Option<&Record>) -> Option<bool> {
         let slot = &self.slots[i];
         let rec = &slot.record;
-        let routable = slot.alive
-            && rec.state == Lifecycle::Serve
-            && rec.role == Role::Serving
-            && !rec.models.is_empty();
+        let routable =
+            slot.alive && rec.state == Lifecycle::Serve && rec.role == Role::Serving && !rec.models.is_empty();
         let was = slot.routable;
         let models_changed = previous.is_some_and(|p| p.models != rec.models);
         if was == routable && !(routable && models_changed) {
@@ -289,13 +353,8 @@ mod tests {
     use crate::record::{Model, ModelSet, Reachability};
 
     fn rec(n: u64, generation: u64, state: Lifecycle, hb: u64, models: &[&str]) -> SharedRecord {
-        let mut r = Record::new(
-            NodeId::from_u64(n),
-            generation,
-            Role::Serving,
-            Hardware::CPU,
-            Reachability::OutboundOnly,
-        );
+        let mut r =
+            Record::new(NodeId::from_u64(n), generation, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
         r.state = state;
         r.heartbeat = hb;
         r.models = ModelSet::from_models(models.iter().map(|m| Model::named(*m)).collect());
@@ -303,26 +362,15 @@ mod tests {
     }
 
     fn replica() -> Replica {
-        Replica::new(
-            (*rec(0, 1, Lifecycle::Join, 0, &[])).clone(),
-            Time::ZERO,
-            Duration::from_secs(5),
-        )
+        Replica::new((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO, Duration::from_secs(5))
     }
 
     #[test]
     fn serving_lists_only_routable_hosts_of_the_model() {
         let mut r = replica();
-        assert_eq!(
-            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["llama"]))
-                .routable,
-            Some(true)
-        );
+        assert_eq!(r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["llama"])).routable, Some(true));
         r.merge(Time::ZERO, rec(2, 1, Lifecycle::Join, 1, &["llama"]));
-        r.merge(
-            Time::ZERO,
-            rec(3, 1, Lifecycle::Serve, 1, &["qwen", "llama"]),
-        );
+        r.merge(Time::ZERO, rec(3, 1, Lifecycle::Serve, 1, &["qwen", "llama"]));
         let mut hosts = r.serving("llama").to_vec();
         hosts.sort();
         assert_eq!(hosts, vec![NodeId::from_u64(1), NodeId::from_u64(3)]);
@@ -330,11 +378,7 @@ mod tests {
         assert!(r.serving("mistral").is_empty());
         assert_eq!(r.routable_models(), vec!["llama", "qwen"]);
         // DOWN removes the host at once.
-        assert_eq!(
-            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 1, &["llama"]))
-                .routable,
-            Some(false)
-        );
+        assert_eq!(r.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 1, &["llama"])).routable, Some(false));
         assert_eq!(r.serving("llama"), &[NodeId::from_u64(3)]);
     }
 
@@ -351,11 +395,7 @@ mod tests {
         assert_eq!(flips, vec![(NodeId::from_u64(1), false)]);
         assert!(r.serving("m").is_empty());
         // An advance brings it back.
-        assert_eq!(
-            r.merge(Time::from_secs(7), rec(1, 1, Lifecycle::Serve, 2, &["m"]))
-                .routable,
-            Some(true)
-        );
+        assert_eq!(r.merge(Time::from_secs(7), rec(1, 1, Lifecycle::Serve, 2, &["m"])).routable, Some(true));
         // The local node never times out.
         flips.clear();
         r.sweep(Time::from_secs(100), &mut flips);
@@ -389,14 +429,8 @@ mod tests {
     fn stale_versions_change_nothing() {
         let mut r = replica();
         r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 5, &["m"]));
-        assert_eq!(
-            r.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 99, &["x"])),
-            Merged::default()
-        );
-        assert_eq!(
-            r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 4, &["m"])),
-            Merged::default()
-        );
+        assert_eq!(r.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 99, &["x"])), Merged::default());
+        assert_eq!(r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 4, &["m"])), Merged::default());
         assert_eq!(r.get(&NodeId::from_u64(1)).unwrap().record().heartbeat, 5);
     }
 

@@ -56,21 +56,12 @@ pub fn route<R: Rng + ?Sized>(
     if hosts.is_empty() {
         return Err(RouteError::UnknownModel {
             model: model.to_string(),
-            known: replica
-                .routable_models()
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
+            known: replica.routable_models().into_iter().map(str::to_string).collect(),
         });
     }
-    let no_capacity = || RouteError::NoCapacity {
-        model: model.to_string(),
-        hosts: hosts.len(),
-    };
+    let no_capacity = || RouteError::NoCapacity { model: model.to_string(), hosts: hosts.len() };
     let score = |id: NodeId, in_flight: &mut dyn FnMut(NodeId) -> u32| {
-        let tier = replica
-            .get(&id)
-            .map_or(4, |s| s.record().hardware.gpu.tier());
+        let tier = replica.get(&id).map_or(4, |s| s.record().hardware.gpu.tier());
         (u64::from(in_flight(id)) + 1) * tier_weight(tier)
     };
     // Fast path: a few random draws find two usable hosts when most are usable.
@@ -89,11 +80,8 @@ pub fn route<R: Rng + ?Sized>(
     }
     // Slow path: most hosts unusable; scan for the usable ones.
     if picks[1].is_none() && hosts.len() > 1 {
-        let usable_hosts: Vec<NodeId> = hosts
-            .iter()
-            .copied()
-            .filter(|&id| Some(id) != picks[0] && usable(id))
-            .collect();
+        let usable_hosts: Vec<NodeId> =
+            hosts.iter().copied().filter(|&id| Some(id) != picks[0] && usable(id)).collect();
         match (picks[0], usable_hosts.len()) {
             (_, 0) => {}
             (Some(_), n) => picks[1] = Some(usable_hosts[rng.random_range(0..n)]),
@@ -106,11 +94,7 @@ pub fn route<R: Rng + ?Sized>(
         }
     }
     match picks {
-        [Some(a), Some(b)] => Ok(if score(b, &mut in_flight) < score(a, &mut in_flight) {
-            b
-        } else {
-            a
-        }),
+        [Some(a), Some(b)] => Ok(if score(b, &mut in_flight) < score(a, &mut in_flight) { b } else { a }),
         [Some(a), None] => Ok(a),
         _ => Err(no_capacity()),
     }
@@ -128,13 +112,8 @@ mod tests {
     use std::time::Duration;
 
     fn replica(gpus: &[(u64, GpuModel)]) -> Replica {
-        let local = Record::new(
-            NodeId::from_u64(0),
-            1,
-            Role::Gateway,
-            Hardware::CPU,
-            Reachability::Public("gw".into()),
-        );
+        let local =
+            Record::new(NodeId::from_u64(0), 1, Role::Gateway, Hardware::CPU, Reachability::Public("gw".into()));
         let mut r = Replica::new(local, Time::ZERO, Duration::from_secs(5));
         for &(n, gpu) in gpus {
             let mut rec = Record::new(
@@ -161,11 +140,7 @@ mod tests {
 
     #[test]
     fn never_picks_an_unusable_host() {
-        let r = replica(&[
-            (1, GpuModel::H100),
-            (2, GpuModel::H100),
-            (3, GpuModel::H100),
-        ]);
+        let r = replica(&[(1, GpuModel::H100), (2, GpuModel::H100), (3, GpuModel::H100)]);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         for _ in 0..200 {
             let id = route(&r, "m", |id| id == NodeId::from_u64(3), |_| 0, &mut rng).unwrap();
@@ -177,12 +152,7 @@ mod tests {
 
     #[test]
     fn two_choices_spread_load_and_prefer_faster_tiers() {
-        let r = replica(&[
-            (1, GpuModel::H100),
-            (2, GpuModel::Rtx4090),
-            (3, GpuModel::H100),
-            (4, GpuModel::Rtx4090),
-        ]);
+        let r = replica(&[(1, GpuModel::H100), (2, GpuModel::Rtx4090), (3, GpuModel::H100), (4, GpuModel::Rtx4090)]);
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut load = [0u32; 5];
         for _ in 0..1000 {
@@ -191,10 +161,7 @@ mod tests {
         }
         // Balanced within each tier, and tier 1 carries about twice the tier-3 load.
         let (h100, rtx) = (load[1] + load[3], load[2] + load[4]);
-        assert!(
-            load[1].abs_diff(load[3]) < 60 && load[2].abs_diff(load[4]) < 60,
-            "{load:?}"
-        );
+        assert!(load[1].abs_diff(load[3]) < 60 && load[2].abs_diff(load[4]) < 60, "{load:?}");
         assert!(h100 > rtx * 3 / 2, "tier 1 {h100} vs tier 3 {rtx}");
     }
 }

@@ -83,15 +83,9 @@ mod tests {
     #[test]
     fn arithmetic_saturates_instead_of_wrapping() {
         assert_eq!(Time::NEVER + Duration::from_secs(1), Time::NEVER);
-        assert_eq!(
-            Time::ZERO.saturating_sub(Duration::from_secs(1)),
-            Time::ZERO
-        );
+        assert_eq!(Time::ZERO.saturating_sub(Duration::from_secs(1)), Time::ZERO);
         assert_eq!(Time::from_secs(1) - Time::from_secs(2), Duration::ZERO);
-        assert_eq!(
-            Time::from_millis(1500) - Time::from_secs(1),
-            Duration::from_millis(500)
-        );
+        assert_eq!(Time::from_millis(1500) - Time::from_secs(1), Duration::from_millis(500));
         assert_eq!(Time::from_millis(1500).to_string(), "1.500000s");
     }
 }

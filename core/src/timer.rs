@@ -21,14 +21,8 @@ pub enum Timer {
 
 impl Timer {
     /// All timers, in the order they fire when due at the same time.
-    pub const ALL: [Timer; 6] = [
-        Timer::DrainDeadline,
-        Timer::DrainStart,
-        Timer::Heartbeat,
-        Timer::Sweep,
-        Timer::Gossip,
-        Timer::Exit,
-    ];
+    pub const ALL: [Timer; 6] =
+        [Timer::DrainDeadline, Timer::DrainStart, Timer::Heartbeat, Timer::Sweep, Timer::Gossip, Timer::Exit];
     const COUNT: usize = 6;
 
     fn slot(self) -> usize {
@@ -65,19 +59,12 @@ impl TimerTable {
 
     /// The earliest armed deadline, or [`Time::NEVER`].
     pub fn next_deadline(&self) -> Time {
-        self.due
-            .iter()
-            .flatten()
-            .copied()
-            .min()
-            .unwrap_or(Time::NEVER)
+        self.due.iter().flatten().copied().min().unwrap_or(Time::NEVER)
     }
 
     /// Disarms and returns the first timer (in [`Timer::ALL`] order) that is due at `now`.
     pub fn pop_expired(&mut self, now: Time) -> Option<Timer> {
-        let t = Timer::ALL
-            .into_iter()
-            .find(|t| self.due[t.slot()].is_some_and(|at| at <= now))?;
+        let t = Timer::ALL.into_iter().find(|t| self.due[t.slot()].is_some_and(|at| at <= now))?;
         self.stop(t);
         Some(t)
     }

@@ -24,8 +24,11 @@ pub const WIRE_VERSION: u8 = 1;
 pub struct DigestEntry {
     /// The node.
     pub id: NodeId,
-    /// The sender's version of its record.
+    /// The sender's version of its record (with the highest heartbeat it has heard).
     pub version: Version,
+    /// Hash of the record's other content (models, hardware, reach, role), so that a change
+    /// that did not move the state is still noticed.
+    pub stamp: u32,
 }
 
 /// A gossip message. Variant order is part of the wire format.
@@ -38,6 +41,9 @@ pub enum Message {
     Records(Vec<Record>),
     /// Ids whose records the sender wants.
     Want(Vec<NodeId>),
+    /// The answer to a [`Message::Digest`]: the receiver's own window, so that the initiator
+    /// learns of nodes it did not know (it is not answered with another digest).
+    DigestReply(Vec<DigestEntry>),
 }
 
 /// Why a datagram was rejected. Decoding never affects state.
@@ -107,20 +113,23 @@ impl WireItem for NodeId {
 #[derive(Debug)]
 pub struct Builder<T: WireItem> {
     limit: usize,
+    tag: u8,
     count: usize,
     items: Vec<u8>,
     _kind: PhantomData<fn(&T)>,
 }
 
+impl Builder<DigestEntry> {
+    /// A builder for a [`Message::DigestReply`].
+    pub fn digest_reply(limit: usize) -> Builder<DigestEntry> {
+        Builder { tag: 3, ..Builder::new(limit) }
+    }
+}
+
 impl<T: WireItem> Builder<T> {
     /// A builder for datagrams of at most `limit` bytes (clamped to 3..=[`MAX_DATAGRAM`]).
     pub fn new(limit: usize) -> Builder<T> {
-        Builder {
-            limit: limit.clamp(3, MAX_DATAGRAM),
-            count: 0,
-            items: Vec::new(),
-            _kind: PhantomData,
-        }
+        Builder { limit: limit.clamp(3, MAX_DATAGRAM), tag: T::TAG, count: 0, items: Vec::new(), _kind: PhantomData }
     }
 
     /// Adds `item` if it fits; returns false (and changes nothing) if it does not.
@@ -152,7 +161,7 @@ impl<T: WireItem> Builder<T> {
     pub fn finish(self) -> Bytes {
         let mut out = Vec::with_capacity(2 + varint_len(self.count) + self.items.len());
         out.push(WIRE_VERSION);
-        out.push(T::TAG);
+        out.push(self.tag);
         let mut n = self.count;
         loop {
             let byte = (n & 0x7f) as u8;
@@ -189,9 +198,7 @@ pub fn encode_unbounded(msg: &Message) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::hardware::Hardware;
-    use crate::record::{
-        Lifecycle, Model, ModelSet, Reachability, Role, MAX_ADDR, MAX_MODELS, MAX_MODEL_NAME,
-    };
+    use crate::record::{Lifecycle, Model, ModelSet, Reachability, Role, MAX_ADDR, MAX_MODELS, MAX_MODEL_NAME};
     use proptest::prelude::*;
 
     /// The largest record the limits allow.
@@ -235,11 +242,8 @@ mod tests {
     fn builder_fills_until_full_and_matches_postcard() {
         let entry = DigestEntry {
             id: NodeId::from_u64(9),
-            version: Version {
-                generation: 1_700_000_000_000,
-                state: Lifecycle::Serve,
-                heartbeat: 12345,
-            },
+            version: Version { generation: 1_700_000_000_000, state: Lifecycle::Serve, heartbeat: 12345 },
+            stamp: u32::MAX,
         };
         let mut b = Builder::<DigestEntry>::new(MAX_DATAGRAM);
         while b.push(&entry) {}
@@ -247,43 +251,22 @@ mod tests {
         assert!(n > 30, "only {n} digest entries fit");
         let d = b.finish();
         assert!(d.len() <= MAX_DATAGRAM);
-        assert_eq!(
-            &d[..],
-            &encode_unbounded(&Message::Digest(vec![entry; n]))[..]
-        );
+        assert_eq!(&d[..], &encode_unbounded(&Message::Digest(vec![entry; n]))[..]);
     }
 
     #[test]
     fn bad_input_is_a_typed_error() {
         assert_eq!(decode(&[]), Err(DecodeError::Empty));
-        assert_eq!(
-            decode(&[WIRE_VERSION; MAX_DATAGRAM + 1]),
-            Err(DecodeError::Oversized(MAX_DATAGRAM + 1))
-        );
+        assert_eq!(decode(&[WIRE_VERSION; MAX_DATAGRAM + 1]), Err(DecodeError::Oversized(MAX_DATAGRAM + 1)));
         assert_eq!(decode(&[9, 0, 0]), Err(DecodeError::UnsupportedVersion(9)));
-        assert!(matches!(
-            decode(&[WIRE_VERSION, 7]),
-            Err(DecodeError::Malformed(_))
-        ));
+        assert!(matches!(decode(&[WIRE_VERSION, 7]), Err(DecodeError::Malformed(_))));
         let mut ok = encode_unbounded(&Message::Want(vec![NodeId::from_u64(1)]));
-        assert!(matches!(
-            decode(&ok[..ok.len() - 1]),
-            Err(DecodeError::Malformed(_))
-        ));
+        assert!(matches!(decode(&ok[..ok.len() - 1]), Err(DecodeError::Malformed(_))));
         ok.push(0);
         assert_eq!(decode(&ok), Err(DecodeError::TrailingBytes(1)));
-        let mut bad = Record::new(
-            NodeId::from_u64(1),
-            1,
-            Role::Serving,
-            Hardware::CPU,
-            Reachability::OutboundOnly,
-        );
+        let mut bad = Record::new(NodeId::from_u64(1), 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
         bad.reach = Reachability::Public("x".repeat(MAX_ADDR + 1));
-        assert!(matches!(
-            decode(&encode_unbounded(&Message::Records(vec![bad]))),
-            Err(DecodeError::InvalidRecord(_))
-        ));
+        assert!(matches!(decode(&encode_unbounded(&Message::Records(vec![bad]))), Err(DecodeError::InvalidRecord(_))));
     }
 
     proptest! {

@@ -32,12 +32,7 @@ pub fn gateway(n: u64) -> Config {
 }
 
 pub fn serve(h: &mut Harness, n: u64, models: &[&str]) {
-    h.input(
-        id(n),
-        Input::EngineReady {
-            models: models.iter().map(|m| Model::named(*m)).collect(),
-        },
-    );
+    h.input(id(n), Input::EngineReady { models: models.iter().map(|m| Model::named(*m)).collect() });
 }
 
 /// What every replica must agree on: records without the ever-moving heartbeat and load.
@@ -46,9 +41,7 @@ pub fn view(h: &Harness, of: NodeId) -> Vec<(NodeId, u64, Lifecycle, Vec<Model>)
         .replica()
         .sorted_records()
         .iter()
-        .map(|r: &std::sync::Arc<Record>| {
-            (r.id, r.generation, r.state, r.models.as_slice().to_vec())
-        })
+        .map(|r: &std::sync::Arc<Record>| (r.id, r.generation, r.state, r.models.as_slice().to_vec()))
         .collect()
 }
 
@@ -62,12 +55,10 @@ pub fn views_agree(h: &Harness) -> bool {
 
 /// The state every running replica holds for `of`, if all agree.
 pub fn agreed_state(h: &Harness, of: NodeId) -> Option<(u64, Lifecycle)> {
-    let mut states = h.running().filter(|n| *n != of).map(|n| {
-        h.node(n)
-            .replica()
-            .get(&of)
-            .map(|s| (s.record().generation, s.record().state))
-    });
+    let mut states = h
+        .running()
+        .filter(|n| *n != of)
+        .map(|n| h.node(n).replica().get(&of).map(|s| (s.record().generation, s.record().state)));
     let first = states.next()??;
     states.all(|s| s == Some(first)).then_some(first)
 }

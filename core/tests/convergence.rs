@@ -20,22 +20,13 @@ fn converge(n: u64, seed: u64, loss: f64) {
     for i in 2..=n {
         serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
     }
-    let ok = h.run_until(LONG, |h| {
-        views_agree(h) && h.running().all(|x| h.node(x).replica().len() == n as usize)
-    });
-    assert!(
-        ok,
-        "{n} nodes at {loss} loss did not converge within {LONG:?} (seed {seed})"
-    );
+    let ok = h.run_until(LONG, |h| views_agree(h) && h.running().all(|x| h.node(x).replica().len() == n as usize));
+    assert!(ok, "{n} nodes at {loss} loss did not converge within {LONG:?} (seed {seed})");
     // Everyone routes to every serving node.
     h.run_for(Duration::from_secs(2));
     for x in h.running() {
         let r = h.node(x).replica();
-        assert_eq!(
-            r.serving("llama").len() + r.serving("qwen").len(),
-            n as usize - 1,
-            "node {x}'s routing view"
-        );
+        assert_eq!(r.serving("llama").len() + r.serving("qwen").len(), n as usize - 1, "node {x}'s routing view");
     }
 }
 
@@ -76,14 +67,9 @@ fn replicas_become_identical_once_heartbeats_pause() {
     }
     let identical = |h: &Harness| {
         let first = h.node(id(1)).replica().sorted_records();
-        first.len() == 20
-            && h.running()
-                .all(|n| h.node(n).replica().sorted_records() == first)
+        first.len() == 20 && h.running().all(|n| h.node(n).replica().sorted_records() == first)
     };
-    assert!(
-        h.run_until(LONG, identical),
-        "replicas differ after {LONG:?}"
-    );
+    assert!(h.run_until(LONG, identical), "replicas differ after {LONG:?}");
 }
 
 #[test]
@@ -102,11 +88,7 @@ fn outbound_only_nodes_converge_through_gateways() {
     assert!(h.run_until(LONG, views_agree), "views differ");
     h.run_for(Duration::from_secs(2));
     for g in [id(1), id(2)] {
-        assert_eq!(
-            h.node(g).replica().serving("m").len(),
-            28,
-            "gateway {g} must route to all 28 nodes"
-        );
+        assert_eq!(h.node(g).replica().serving("m").len(), 28, "gateway {g} must route to all 28 nodes");
     }
 }
 
@@ -120,23 +102,12 @@ fn a_silently_killed_node_becomes_unroutable_everywhere() {
         h.connect(id(1), id(i));
         serve(&mut h, i, &["m"]);
     }
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h
-        .node(x)
-        .replica()
-        .serving("m")
-        .len()
-        == 9)));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("m").len() == 9)));
     h.kill(id(5));
     let killed_at = h.now();
-    let gone = |h: &Harness| {
-        h.running()
-            .all(|x| !h.node(x).replica().serving("m").contains(&id(5)))
-    };
+    let gone = |h: &Harness| h.running().all(|x| !h.node(x).replica().serving("m").contains(&id(5)));
     assert!(h.run_until(LONG, gone), "node 5 still routable somewhere");
     let took = h.now() - killed_at;
     let bound = tela_core::Config::new(id(0), 0).dead_after + Duration::from_secs(2);
-    assert!(
-        took <= bound,
-        "took {took:?} to stop routing to a dead node (bound {bound:?})"
-    );
+    assert!(took <= bound, "took {took:?} to stop routing to a dead node (bound {bound:?})");
 }

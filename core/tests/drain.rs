@@ -18,12 +18,7 @@ fn federation(n: u64, seed: u64) -> Harness {
         serve(&mut h, i, &["m"]);
     }
     let all = (n - 1) as usize;
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h
-        .node(x)
-        .replica()
-        .serving("m")
-        .len()
-        == all)));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("m").len() == all)));
     h
 }
 
@@ -31,23 +26,12 @@ fn federation(n: u64, seed: u64) -> Harness {
 fn drained_node_is_seen_down_then_left_by_everyone() {
     let mut h = federation(12, 1);
     let d = id(7);
-    h.input(
-        d,
-        Input::Load(Load {
-            in_flight: 3,
-            queued: 0,
-        }),
-    );
+    h.input(d, Input::Load(Load { in_flight: 3, queued: 0 }));
     h.input(d, Input::DrainRequested);
     assert_eq!(h.node(d).local_record().state, Lifecycle::Down);
     // Everyone learns DOWN and stops routing there, well before the drain window ends.
-    assert!(h.run_until(Duration::from_secs(10), |h| agreed_state(h, d)
-        .is_some_and(|(_, s)| s == Lifecycle::Down)));
-    assert!(h.running().filter(|x| *x != d).all(|x| !h
-        .node(x)
-        .replica()
-        .serving("m")
-        .contains(&d)));
+    assert!(h.run_until(Duration::from_secs(10), |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Down)));
+    assert!(h.running().filter(|x| *x != d).all(|x| !h.node(x).replica().serving("m").contains(&d)));
     // In-flight requests keep it DOWN, not LEFT.
     h.run_for(Duration::from_secs(5));
     assert_eq!(h.node(d).local_record().state, Lifecycle::Down);
@@ -57,13 +41,9 @@ fn drained_node_is_seen_down_then_left_by_everyone() {
     assert_eq!(h.node(d).local_record().state, Lifecycle::Left);
     assert_eq!(h.member(d).commands, vec![Command::StopEngine]);
     assert!(h.run_until(Duration::from_secs(5), |h| h.node(d).has_exited()));
-    assert_eq!(
-        h.member(d).commands,
-        vec![Command::StopEngine, Command::Exit]
-    );
+    assert_eq!(h.member(d).commands, vec![Command::StopEngine, Command::Exit]);
     assert!(
-        h.run_until(Duration::from_secs(10), |h| agreed_state(h, d)
-            .is_some_and(|(_, s)| s == Lifecycle::Left)),
+        h.run_until(Duration::from_secs(10), |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Left)),
         "LEFT did not reach everyone"
     );
 }
@@ -79,35 +59,15 @@ fn walltime_starts_the_drain_one_window_early_and_the_deadline_ends_it() {
     serve(&mut h, 3, &["m"]);
     let end = h.now() + Duration::from_secs(60);
     h.input(d, Input::Walltime(end));
-    h.input(
-        d,
-        Input::Load(Load {
-            in_flight: 1,
-            queued: 0,
-        }),
-    );
+    h.input(d, Input::Load(Load { in_flight: 1, queued: 0 }));
     h.run_for(Duration::from_secs(39));
-    assert_eq!(
-        h.node(d).local_record().state,
-        Lifecycle::Serve,
-        "drain started early"
-    );
+    assert_eq!(h.node(d).local_record().state, Lifecycle::Serve, "drain started early");
     h.run_for(Duration::from_secs(2));
-    assert_eq!(
-        h.node(d).local_record().state,
-        Lifecycle::Down,
-        "drain did not start at walltime - window"
-    );
+    assert_eq!(h.node(d).local_record().state, Lifecycle::Down, "drain did not start at walltime - window");
     // The stuck request never finishes: the deadline (the walltime) forces LEFT.
-    assert!(
-        h.run_until(Duration::from_secs(30), |h| h.node(d).local_record().state
-            == Lifecycle::Left)
-    );
+    assert!(h.run_until(Duration::from_secs(30), |h| h.node(d).local_record().state == Lifecycle::Left));
     let left_at = h.now();
-    assert!(
-        left_at >= end && left_at <= end + Duration::from_millis(1),
-        "left at {left_at}, walltime {end}"
-    );
+    assert!(left_at >= end && left_at <= end + Duration::from_millis(1), "left at {left_at}, walltime {end}");
 }
 
 #[test]
@@ -133,11 +93,9 @@ fn engine_failure_turns_the_node_down_and_recovery_starts_a_new_generation() {
     let g1 = h.node(d).local_record().generation;
     assert!(g1 > g0);
     assert!(h.run_until(LONG, |h| agreed_state(h, d) == Some((g1, Lifecycle::Serve))));
-    assert!(
-        h.run_until(Duration::from_secs(2), |h| h.running().all(|x| h
-            .node(x)
-            .replica()
-            .serving("m")
-            .contains(&d)))
-    );
+    assert!(h.run_until(Duration::from_secs(2), |h| h.running().all(|x| h
+        .node(x)
+        .replica()
+        .serving("m")
+        .contains(&d))));
 }

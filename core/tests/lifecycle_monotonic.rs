@@ -5,8 +5,8 @@ use proptest::prelude::*;
 use std::time::Duration;
 use tela_core::wire::{encode_unbounded, DigestEntry, Message};
 use tela_core::{
-    Config, Hardware, Input, Lifecycle, Load, Model, Node, NodeId, Output, Reachability, Record,
-    Role, Time, Version, MAX_DATAGRAM,
+    Config, Hardware, Input, Lifecycle, Load, Model, Node, NodeId, Output, Reachability, Record, Role, Time, Version,
+    MAX_DATAGRAM,
 };
 
 const ME: NodeId = NodeId::from_u64(1);
@@ -42,61 +42,30 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn state(s: u8) -> Lifecycle {
-    [
-        Lifecycle::Join,
-        Lifecycle::Serve,
-        Lifecycle::Down,
-        Lifecycle::Left,
-    ][usize::from(s % 4)]
+    [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left][usize::from(s % 4)]
 }
 
 fn input(op: &Op, now: Time) -> Option<Input> {
     let from = NodeId::from_u64(2);
     Some(match op {
         Op::Advance(_) => Input::Timeout,
-        Op::Ready(ms) => Input::EngineReady {
-            models: ms.iter().map(|m| Model::named(format!("m{m}"))).collect(),
-        },
+        Op::Ready(ms) => Input::EngineReady { models: ms.iter().map(|m| Model::named(format!("m{m}"))).collect() },
         Op::Failed => Input::EngineFailed,
         Op::Drain => Input::DrainRequested,
         Op::Walltime(ms) => Input::Walltime(now + Duration::from_millis(*ms)),
-        Op::Load(n) => Input::Load(Load {
-            in_flight: *n,
-            queued: 0,
-        }),
+        Op::Load(n) => Input::Load(Load { in_flight: *n, queued: 0 }),
         Op::Echo(g, s, h) => {
-            let mut r = Record::new(
-                ME,
-                *g,
-                Role::Serving,
-                Hardware::CPU,
-                Reachability::OutboundOnly,
-            );
+            let mut r = Record::new(ME, *g, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
             r.state = state(*s);
             r.heartbeat = *h;
-            Input::Datagram {
-                from,
-                payload: encode_unbounded(&Message::Records(vec![r])).into(),
-            }
+            Input::Datagram { from, payload: encode_unbounded(&Message::Records(vec![r])).into() }
         }
         Op::Digest(g, s, h) => {
-            let e = DigestEntry {
-                id: ME,
-                version: Version {
-                    generation: *g,
-                    state: state(*s),
-                    heartbeat: *h,
-                },
-            };
-            Input::Datagram {
-                from,
-                payload: encode_unbounded(&Message::Digest(vec![e])).into(),
-            }
+            let e =
+                DigestEntry { id: ME, version: Version { generation: *g, state: state(*s), heartbeat: *h }, stamp: 0 };
+            Input::Datagram { from, payload: encode_unbounded(&Message::Digest(vec![e])).into() }
         }
-        Op::Garbage(b) => Input::Datagram {
-            from,
-            payload: b.clone().into(),
-        },
+        Op::Garbage(b) => Input::Datagram { from, payload: b.clone().into() },
         Op::Connect(n) => Input::PeerConnected(NodeId::from_u64(*n)),
     })
 }
@@ -167,4 +136,22 @@ proptest! {
         prop_assert!(exited, "no exit by {limit}");
         prop_assert_eq!(node.local_record().state, Lifecycle::Left);
     }
+}
+
+#[test]
+fn the_end_of_time_does_not_hang() {
+    let mut node = Node::new(Config::new(ME, 1), Time::ZERO);
+    node.handle_input(Time::NEVER, Input::Timeout);
+    while !matches!(node.poll_output(), Output::Timeout(_)) {}
+    node.handle_input(Time::NEVER, Input::Timeout);
+}
+
+#[test]
+fn model_names_the_wire_cannot_carry_are_dropped() {
+    let mut node = Node::new(Config::new(ME, 1), Time::ZERO);
+    let models = vec![Model::named(""), Model::named("x".repeat(200)), Model::named("ok")];
+    node.handle_input(Time::ZERO, Input::EngineReady { models });
+    assert_eq!(node.local_record().models.as_slice(), &[Model::named("ok")]);
+    assert_eq!(node.stats().models_rejected, 2);
+    assert!(node.local_record().validate().is_ok());
 }

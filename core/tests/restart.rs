@@ -34,19 +34,11 @@ fn restarted_node_replaces_its_old_record_everywhere() {
     h.connect(id(1), r);
     // The new incarnation serves a different model: the old one must vanish everywhere.
     serve(&mut h, 6, &["other"]);
-    assert!(h.run_until(LONG, |h| agreed_state(h, r)
-        == Some((old + 1, Lifecycle::Serve))));
+    assert!(h.run_until(LONG, |h| agreed_state(h, r) == Some((old + 1, Lifecycle::Serve))));
     assert!(h.run_until(LONG, views_agree));
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h
-        .node(x)
-        .replica()
-        .serving("other")
-        == [r])));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [r])));
     for x in h.running() {
-        assert!(
-            !h.node(x).replica().serving("m").contains(&r),
-            "node {x} still routes m to the old incarnation"
-        );
+        assert!(!h.node(x).replica().serving("m").contains(&r), "node {x} still routes m to the old incarnation");
     }
 }
 
@@ -63,8 +55,7 @@ fn restart_with_a_stale_generation_moves_past_the_old_record() {
     h.add(c);
     h.connect(id(1), r);
     serve(&mut h, 6, &["m"]);
-    assert!(h.run_until(LONG, |h| agreed_state(h, r)
-        .is_some_and(|(g, s)| g > old && s == Lifecycle::Serve)));
+    assert!(h.run_until(LONG, |h| agreed_state(h, r).is_some_and(|(g, s)| g > old && s == Lifecycle::Serve)));
     assert!(h.node(r).stats().new_generations >= 1);
 }
 
@@ -78,27 +69,17 @@ fn a_false_down_is_refuted_with_a_new_generation() {
     // A peer (node 8) claims node 3 is DOWN in its current generation.
     let payload = encode_unbounded(&Message::Records(vec![forged.clone()]));
     for x in [id(1), id(2), victim] {
-        h.input(
-            x,
-            Input::Datagram {
-                from: id(8),
-                payload: payload.clone().into(),
-            },
-        );
+        h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
     }
-    assert_eq!(
-        h.node(id(1)).replica().get(&victim).unwrap().record().state,
-        Lifecycle::Down
-    );
+    assert_eq!(h.node(id(1)).replica().get(&victim).unwrap().record().state, Lifecycle::Down);
     // The victim refutes; everyone ends up routing to it again, in a newer generation.
     assert!(h.node(victim).local_record().generation > forged_gen);
-    assert!(h.run_until(LONG, |h| agreed_state(h, victim)
-        .is_some_and(|(g, s)| g > forged_gen && s == Lifecycle::Serve)));
     assert!(
-        h.run_until(LONG, |h| h.running().filter(|x| *x != victim).all(|x| h
-            .node(x)
-            .replica()
-            .serving("m")
-            .contains(&victim)))
+        h.run_until(LONG, |h| agreed_state(h, victim).is_some_and(|(g, s)| g > forged_gen && s == Lifecycle::Serve))
     );
+    assert!(h.run_until(LONG, |h| h.running().filter(|x| *x != victim).all(|x| h
+        .node(x)
+        .replica()
+        .serving("m")
+        .contains(&victim))));
 }
