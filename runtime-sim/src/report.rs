@@ -1,0 +1,333 @@
+//! The run report: a human summary on stdout and a JSON file.
+
+use crate::sim::Sim;
+use crate::track::{quantile, Curve};
+use serde::Serialize;
+
+/// Percentiles of a latency sample, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub p100_ms: f64,
+}
+
+impl Percentiles {
+    fn of(mut v: Vec<f64>) -> Percentiles {
+        Percentiles {
+            count: v.len(),
+            p50_ms: quantile(&mut v, 0.5),
+            p99_ms: quantile(&mut v, 0.99),
+            p100_ms: quantile(&mut v, 1.0),
+        }
+    }
+}
+
+/// Record-change propagation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Convergence {
+    /// Time for a change to reach every node live at the change.
+    #[serde(flatten)]
+    pub latency: Percentiles,
+    /// Tracked changes that had not reached everyone after 120 s (or by the end).
+    pub incomplete: u64,
+    /// Serf's logistic estimate for 99.99% of nodes, for this size, fanout, interval and loss.
+    pub serf_bound_ms: f64,
+}
+
+/// Failure detection.
+#[derive(Clone, Debug, Serialize)]
+pub struct Detection {
+    /// From a silent kill to every node that routed to it having stopped.
+    #[serde(flatten)]
+    pub all_nodes: Percentiles,
+    /// From a silent kill to every gateway having stopped routing to it.
+    pub gateways: Percentiles,
+    /// Kills whose detection had not completed after 120 s (or by the end).
+    pub incomplete: u64,
+    /// Times a node marked a live, serving node unroutable.
+    pub false_unroutable: u64,
+    /// Refutations: nodes that heard themselves declared DOWN while alive (false DOWN marks).
+    pub false_down: u64,
+}
+
+/// Client requests.
+#[derive(Clone, Debug, Serialize)]
+pub struct Requests {
+    /// Arrived at a gateway.
+    pub sent: u64,
+    /// Completed successfully.
+    pub completed: u64,
+    /// Failed (no capacity, attempts exhausted, node or gateway died mid-stream).
+    pub failed: u64,
+    /// Retries after a failure before the first byte.
+    pub retries: u64,
+    /// Failed because no node could take them.
+    pub no_capacity: u64,
+    /// Failed after the first byte because the node died.
+    pub mid_stream: u64,
+}
+
+/// Drains.
+#[derive(Clone, Debug, Serialize)]
+pub struct Drain {
+    /// Drains started by a walltime or a preemption.
+    pub drains: u64,
+    /// Requests in flight when those drains started.
+    pub in_flight: u64,
+    /// Of those, completed.
+    pub completed: u64,
+}
+
+/// Liveness phase after the faults stop.
+#[derive(Clone, Debug, Serialize)]
+pub struct Liveness {
+    /// The bound from the scenario.
+    pub bound_s: f64,
+    /// Time from the end of faults until every live replica held the same view.
+    pub converged_after_ms: Option<f64>,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Serving nodes plus gateways.
+    pub nodes: usize,
+    /// Root seed.
+    pub seed: u64,
+    /// Swarm mode (fault mix drawn from the seed).
+    pub swarm: bool,
+    /// Simulated seconds run.
+    pub sim_s: f64,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// Events processed.
+    pub events: u64,
+    /// Events per wall-clock second.
+    pub events_per_s: f64,
+    /// Peak resident memory.
+    pub peak_rss_mb: u64,
+    /// Determinism hash over the event trace: equal for equal scenario and seed.
+    pub hash: String,
+    /// Largest datagram sent.
+    pub max_datagram_bytes: usize,
+    /// Datagrams sent.
+    pub datagrams: u64,
+    /// Bytes sent per node per simulated second, averaged over the run.
+    pub bytes_per_node_per_s: f64,
+    /// Bytes per node per second over the last 10 seconds (steady state).
+    pub bytes_per_node_per_s_tail: f64,
+    /// Record-change propagation.
+    pub convergence: Convergence,
+    /// Failure detection.
+    pub detection: Detection,
+    /// Client requests.
+    pub requests: Requests,
+    /// Drains.
+    pub drain: Drain,
+    /// Liveness phase.
+    pub liveness: Liveness,
+    /// The effective network faults (after swarm draws).
+    pub network: crate::scenario::Network,
+    /// Partitions applied.
+    pub partitions: usize,
+    /// Invariant violations (a run with any fails).
+    pub violation: Option<String>,
+    /// Why the run stopped early, if it did.
+    pub aborted: Option<String>,
+    /// Bytes sent in each simulated second, all nodes together.
+    #[serde(skip)]
+    pub per_second_bytes: Vec<u64>,
+    /// Spreading curves of completed changes.
+    #[serde(skip)]
+    pub curves: Vec<Curve>,
+    /// Gossip fanout (for the Serf reference line).
+    #[serde(skip)]
+    pub fanout: u32,
+    /// Gossip interval in ms (for the Serf reference line).
+    #[serde(skip)]
+    pub gossip_interval_ms: u64,
+}
+
+/// Serf's convergence estimate: the fraction of `n` nodes reached after `rounds` rounds of
+/// gossip with `fanout` under `loss` (its convergence simulator's logistic formula).
+pub fn serf_fraction(n: f64, fanout: f64, loss: f64, rounds: f64) -> f64 {
+    let contact = fanout * (1.0 - loss) * 0.5;
+    1.0 / (1.0 + (n + 1.0) * (-contact * rounds).exp())
+}
+
+/// Rounds until Serf's estimate reaches `target`.
+pub fn serf_rounds(n: f64, fanout: f64, loss: f64, target: f64) -> f64 {
+    let contact = fanout * (1.0 - loss) * 0.5;
+    ((n + 1.0) * target / (1.0 - target)).ln() / contact
+}
+
+/// Resident memory now, in MB (Linux; 0 elsewhere).
+pub fn current_rss_mb() -> u64 {
+    proc_status_kb("VmRSS:") / 1024
+}
+
+/// Peak resident memory, in MB (Linux; 0 elsewhere).
+pub fn peak_rss_mb() -> u64 {
+    proc_status_kb("VmHWM:") / 1024
+}
+
+fn proc_status_kb(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+impl Report {
+    pub(crate) fn build(sim: &Sim, wall_s: f64) -> Report {
+        let t = &sim.t;
+        let nodes = sim.hosts.len();
+        let sim_s = sim.now as f64 / 1e6;
+        let tail: Vec<u64> = t.per_second.iter().rev().take(10).copied().collect();
+        let tail_bps =
+            if tail.is_empty() { 0.0 } else { tail.iter().sum::<u64>() as f64 / tail.len() as f64 / nodes as f64 };
+        let p = &sim.sc.protocol;
+        let serf_ms =
+            serf_rounds(nodes as f64, f64::from(p.fanout), sim.sc.network.loss, 0.9999) * p.gossip_interval_ms as f64;
+        let false_down = sim.hosts.iter().filter_map(|h| h.node.as_ref()).map(|n| n.stats().refutations).sum();
+        Report {
+            scenario: sim.sc.name.clone(),
+            nodes,
+            seed: sim.seed,
+            swarm: sim.swarm,
+            sim_s,
+            wall_s,
+            events: sim.events,
+            events_per_s: sim.events as f64 / wall_s.max(1e-9),
+            peak_rss_mb: peak_rss_mb(),
+            hash: format!("{:016x}", sim.trace_hash()),
+            max_datagram_bytes: t.max_datagram,
+            datagrams: t.datagrams,
+            bytes_per_node_per_s: t.bytes as f64 / nodes.max(1) as f64 / sim_s.max(1e-9),
+            bytes_per_node_per_s_tail: tail_bps,
+            convergence: Convergence {
+                latency: Percentiles::of(t.convergence_ms.clone()),
+                incomplete: t.convergence_incomplete,
+                serf_bound_ms: serf_ms,
+            },
+            detection: Detection {
+                all_nodes: Percentiles::of(t.detection_ms.clone()),
+                gateways: Percentiles::of(t.detection_gateway_ms.clone()),
+                incomplete: t.detection_incomplete,
+                false_unroutable: t.false_unroutable,
+                false_down,
+            },
+            requests: Requests {
+                sent: t.sent,
+                completed: t.completed,
+                failed: t.failed,
+                retries: t.retries,
+                no_capacity: t.no_capacity,
+                mid_stream: t.mid_stream,
+            },
+            drain: Drain { drains: t.drains, in_flight: t.drain_in_flight, completed: t.drain_completed },
+            liveness: Liveness {
+                bound_s: sim.sc.liveness_bound_s,
+                converged_after_ms: t.liveness_converged.map(|m| m as f64 / 1e3),
+            },
+            network: sim.sc.network.clone(),
+            partitions: sim.partitions.len(),
+            violation: sim.violation.clone(),
+            aborted: sim.aborted.clone(),
+            per_second_bytes: t.per_second.clone(),
+            curves: t.curves.clone(),
+            fanout: p.fanout,
+            gossip_interval_ms: p.gossip_interval_ms,
+        }
+    }
+
+    /// True when the run finished with no violation and the liveness phase converged.
+    pub fn passed(&self) -> bool {
+        self.violation.is_none() && self.aborted.is_none() && self.liveness.converged_after_ms.is_some()
+    }
+
+    /// A few lines for humans.
+    pub fn summary(&self) -> String {
+        let c = &self.convergence;
+        let d = &self.detection;
+        let r = &self.requests;
+        format!(
+            "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
+             network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s); max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
+             convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms\n\
+             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
+             requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries; drains {drains}: {din} in flight, {dcomp} completed\n\
+             liveness: {live}\n\
+             {verdict}",
+            scenario = self.scenario,
+            seed = self.seed,
+            swarm = if self.swarm { " (swarm)" } else { "" },
+            nodes = self.nodes,
+            sim = self.sim_s,
+            wall = self.wall_s,
+            eps = self.events_per_s,
+            rss = self.peak_rss_mb,
+            hash = self.hash,
+            loss = self.network.loss,
+            dup = self.network.duplicate,
+            reo = self.network.reorder,
+            parts = self.partitions,
+            maxd = self.max_datagram_bytes,
+            bps = self.bytes_per_node_per_s,
+            tail = self.bytes_per_node_per_s_tail,
+            c50 = c.latency.p50_ms,
+            c99 = c.latency.p99_ms,
+            c100 = c.latency.p100_ms,
+            cn = c.latency.count,
+            cinc = c.incomplete,
+            serf = c.serf_bound_ms,
+            d50 = d.all_nodes.p50_ms,
+            d100 = d.all_nodes.p100_ms,
+            dn = d.all_nodes.count,
+            g100 = d.gateways.p100_ms,
+            dinc = d.incomplete,
+            fu = d.false_unroutable,
+            fd = d.false_down,
+            sent = r.sent,
+            done = r.completed,
+            failed = r.failed,
+            nocap = r.no_capacity,
+            mid = r.mid_stream,
+            retries = r.retries,
+            drains = self.drain.drains,
+            din = self.drain.in_flight,
+            dcomp = self.drain.completed,
+            live = match self.liveness.converged_after_ms {
+                Some(ms) => format!("all live replicas equal {:.0} ms after faults stopped (bound {} s)", ms, self.liveness.bound_s),
+                None => format!("live replicas NOT equal within the run (bound {} s)", self.liveness.bound_s),
+            },
+            verdict = match (&self.violation, &self.aborted) {
+                (Some(v), _) => format!("FAILED: {v}"),
+                (None, Some(a)) => format!("ABORTED: {a}"),
+                (None, None) if self.liveness.converged_after_ms.is_none() => "FAILED: liveness phase did not converge".to_string(),
+                _ => "ok".to_string(),
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serf_formula_matches_its_published_anchor() {
+        // 10,000 nodes, fanout 3, no loss: 99.99% in about 13 rounds (2.6 s at 200 ms).
+        let r = serf_rounds(10_000.0, 3.0, 0.0, 0.9999);
+        assert!((12.0..13.5).contains(&r), "{r}");
+        assert!((serf_fraction(10_000.0, 3.0, 0.0, r) - 0.9999).abs() < 1e-6);
+    }
+}

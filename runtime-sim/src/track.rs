@@ -1,0 +1,353 @@
+//! What the simulator measures and the invariants it checks while running.
+//!
+//! - Convergence: for sampled record changes (a node's own lifecycle moves), the time until every
+//!   node that was live at the change holds a version covering it, and the spreading curve.
+//! - Detection: for each silent kill, the time until every node that was routing to the victim
+//!   (and separately, every gateway) stopped; plus marks of live, serving nodes as unroutable.
+//! - Invariants: per-replica lattice monotonicity of a set of watched records, every node's own
+//!   record moving forward, and (in `world.rs` / `sim.rs`) the datagram limit and routing only
+//!   to nodes the gateway believes SERVE.
+
+use crate::sim::{id_of, Host, Micros};
+use crate::world::Request;
+use tela_core::{Lifecycle, Node, Version};
+
+/// Changes and deaths tracked at once; bounds the per-merge cost at large scale.
+fn tracking_cap(hosts: usize) -> usize {
+    if hosts > 2_000 {
+        12
+    } else {
+        48
+    }
+}
+
+/// Give up on a change or a death after this long.
+const TRACK_TIMEOUT: Micros = 120_000_000;
+
+/// Records watched for monotonicity at every replica.
+const WATCHED: usize = 8;
+
+#[derive(Clone, Debug)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Bits {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+    fn get(&self, i: u32) -> bool {
+        self.0[i as usize / 64] & (1 << (i % 64)) != 0
+    }
+    fn set(&mut self, i: u32, v: bool) {
+        let w = &mut self.0[i as usize / 64];
+        if v {
+            *w |= 1 << (i % 64);
+        } else {
+            *w &= !(1 << (i % 64));
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Change {
+    owner: u32,
+    version: Version,
+    t0: Micros,
+    waiting: Bits,
+    remaining: u32,
+    total: u32,
+    curve: Vec<(u32, u32)>,
+}
+
+#[derive(Clone, Debug)]
+struct Detection {
+    victim: u32,
+    t0: Micros,
+    waiting: Bits,
+    remaining: u32,
+    gateways_remaining: u32,
+}
+
+/// A finished spreading curve: (ms after the change, nodes holding it) and the target count.
+#[derive(Clone, Debug)]
+pub struct Curve {
+    /// Points of the curve.
+    pub points: Vec<(u32, u32)>,
+    /// Nodes that had to learn the change.
+    pub total: u32,
+}
+
+/// All measurements of one run.
+#[derive(Default, Debug)]
+pub(crate) struct Trackers {
+    pub requests: Vec<Request>,
+    pub sent: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub retries: u64,
+    pub no_capacity: u64,
+    pub no_gateway: u64,
+    pub mid_stream: u64,
+    pub drains: u64,
+    pub drain_in_flight: u64,
+    pub drain_completed: u64,
+    pub preemptions: u64,
+    pub preempt_kills: u64,
+    pub walltime_kills: u64,
+    pub clean_exits: u64,
+    pub rejected: u64,
+    pub nat_dropped: u64,
+    pub bytes: u64,
+    pub datagrams: u64,
+    pub max_datagram: usize,
+    pub per_second: Vec<u64>,
+    pub seconds: u64,
+    second_bytes: u64,
+    changes: Vec<Change>,
+    pub convergence_ms: Vec<f64>,
+    pub convergence_incomplete: u64,
+    pub curves: Vec<Curve>,
+    detections: Vec<Detection>,
+    pub detection_ms: Vec<f64>,
+    pub detection_gateway_ms: Vec<f64>,
+    pub detection_incomplete: u64,
+    pub false_unroutable: u64,
+    watched: Vec<u32>,
+    watched_last: Vec<Option<Version>>,
+    own_last: Vec<Option<(u64, Lifecycle)>>,
+    pub liveness_started: Option<Micros>,
+    pub liveness_converged: Option<Micros>,
+}
+
+impl Trackers {
+    pub fn on_send(&mut self, _now: Micros, len: usize) {
+        self.bytes += len as u64;
+        self.second_bytes += len as u64;
+        self.datagrams += 1;
+        self.max_datagram = self.max_datagram.max(len);
+    }
+
+    pub fn on_second(&mut self, now: Micros) {
+        self.per_second.push(self.second_bytes);
+        self.second_bytes = 0;
+        self.seconds += 1;
+        let before = self.changes.len();
+        self.changes.retain(|c| now - c.t0 < TRACK_TIMEOUT);
+        self.convergence_incomplete += (before - self.changes.len()) as u64;
+        let before = self.detections.len();
+        self.detections.retain(|d| now - d.t0 < TRACK_TIMEOUT);
+        self.detection_incomplete += (before - self.detections.len()) as u64;
+    }
+
+    pub fn on_host_started(&mut self, h: u32) {
+        let n = h as usize + 1;
+        if self.own_last.len() < n {
+            self.own_last.resize(n, None);
+        }
+    }
+
+    /// A process ended: it no longer has to learn anything, and its next replica starts empty.
+    pub fn on_host_stopped(&mut self, h: u32, now: Micros) {
+        if let Some(row) = self.watched_row(h) {
+            row.iter_mut().for_each(|v| *v = None);
+        }
+        for c in &mut self.changes {
+            if c.waiting.get(h) {
+                c.waiting.set(h, false);
+                c.remaining -= 1;
+            }
+        }
+        self.finish_changes(now);
+        for d in &mut self.detections {
+            if d.waiting.get(h) {
+                d.waiting.set(h, false);
+                d.remaining -= 1;
+            }
+        }
+        self.finish_detections(now, None);
+    }
+
+    /// A node's own record changed state or generation.
+    pub fn on_local_change(&mut self, h: u32, generation: u64, version: Version, now: Micros, hosts: &[Host]) {
+        if self.own_last.len() <= h as usize {
+            self.own_last.resize(h as usize + 1, None);
+        }
+        // Own-record monotonicity is checked in `check_own`; here only tracking.
+        self.own_last[h as usize] = Some((generation, version.state));
+        if self.changes.len() >= tracking_cap(hosts.len()) {
+            return;
+        }
+        let mut waiting = Bits::new(hosts.len());
+        let mut remaining = 0;
+        for (i, host) in hosts.iter().enumerate() {
+            if i as u32 != h && host.running() {
+                waiting.set(i as u32, true);
+                remaining += 1;
+            }
+        }
+        if remaining == 0 {
+            return;
+        }
+        self.changes.push(Change {
+            owner: h,
+            version,
+            t0: now,
+            waiting,
+            remaining,
+            total: remaining,
+            curve: vec![(0, 0)],
+        });
+    }
+
+    /// Checks that a node's own record moves forward, before `on_local_change` records it.
+    pub fn check_own(&self, h: u32, generation: u64, state: Lifecycle) -> Result<(), String> {
+        match self.own_last.get(h as usize).copied().flatten() {
+            Some((g, s)) if generation < g || (generation == g && state < s) => Err(format!(
+                "node {}'s own record moved backwards: generation {g} {s:?} -> generation {generation} {state:?}",
+                id_of(h)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Node `h`'s replica changed: does it now hold tracked changes?
+    pub fn on_merge(&mut self, h: u32, node: &Node, now: Micros) {
+        let mut any = false;
+        for c in &mut self.changes {
+            if !c.waiting.get(h) {
+                continue;
+            }
+            let holds = node.replica().get(&id_of(c.owner)).is_some_and(|s| s.record().version().covers(&c.version));
+            if holds {
+                c.waiting.set(h, false);
+                c.remaining -= 1;
+                c.curve.push((((now - c.t0) / 1_000) as u32, c.total - c.remaining));
+                any = true;
+            }
+        }
+        if any {
+            self.finish_changes(now);
+        }
+    }
+
+    fn finish_changes(&mut self, now: Micros) {
+        let mut i = 0;
+        while i < self.changes.len() {
+            if self.changes[i].remaining == 0 {
+                let c = self.changes.swap_remove(i);
+                self.convergence_ms.push((now - c.t0) as f64 / 1e3);
+                if self.curves.len() < 400 {
+                    self.curves.push(Curve { points: c.curve, total: c.total });
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// `victim` is about to be killed silently: who must notice?
+    pub fn on_crash(&mut self, victim: u32, now: Micros, hosts: &[Host]) {
+        if self.detections.len() >= tracking_cap(hosts.len()) || self.detections.iter().any(|d| d.victim == victim) {
+            return;
+        }
+        let id = id_of(victim);
+        let mut waiting = Bits::new(hosts.len());
+        let (mut remaining, mut gateways_remaining) = (0, 0);
+        for (i, host) in hosts.iter().enumerate() {
+            let Some(node) = host.node.as_ref() else {
+                continue;
+            };
+            if i as u32 != victim && node.replica().get(&id).is_some_and(|s| s.is_routable()) {
+                waiting.set(i as u32, true);
+                remaining += 1;
+                gateways_remaining += u32::from(host.gateway);
+            }
+        }
+        if remaining > 0 {
+            self.detections.push(Detection { victim, t0: now, waiting, remaining, gateways_remaining });
+        }
+    }
+
+    /// `observer` stopped routing to `target`.
+    pub fn on_unroutable(&mut self, observer: u32, target: u32, now: Micros, hosts: &[Host]) {
+        if let Some(d) = self.detections.iter_mut().find(|d| d.victim == target) {
+            if d.waiting.get(observer) {
+                d.waiting.set(observer, false);
+                d.remaining -= 1;
+                if hosts[observer as usize].gateway {
+                    d.gateways_remaining -= 1;
+                    if d.gateways_remaining == 0 {
+                        self.detection_gateway_ms.push((now - d.t0) as f64 / 1e3);
+                    }
+                }
+            }
+            self.finish_detections(now, Some(target));
+            return;
+        }
+        let t = &hosts[target as usize];
+        if t.running() && t.state == Lifecycle::Serve {
+            self.false_unroutable += 1;
+        }
+    }
+
+    fn finish_detections(&mut self, now: Micros, _target: Option<u32>) {
+        let mut i = 0;
+        while i < self.detections.len() {
+            if self.detections[i].remaining == 0 {
+                let d = self.detections.swap_remove(i);
+                self.detection_ms.push((now - d.t0) as f64 / 1e3);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn watched_row(&mut self, h: u32) -> Option<&mut [Option<Version>]> {
+        let start = h as usize * WATCHED;
+        self.watched_last.get_mut(start..start + WATCHED)
+    }
+
+    /// Checks that the watched records never move backwards in `h`'s replica.
+    pub fn check_watched(&mut self, h: u32, node: &Node) -> Result<(), String> {
+        if self.watched.is_empty() {
+            return Ok(());
+        }
+        let need = (h as usize + 1) * WATCHED;
+        if self.watched_last.len() < need {
+            self.watched_last.resize(need, None);
+        }
+        let watched = self.watched.clone();
+        let row = self.watched_row(h).expect("resized");
+        for (k, &w) in watched.iter().enumerate() {
+            let now_v = node.replica().get(&id_of(w)).map(|s| s.record().version());
+            match (row[k], now_v) {
+                (Some(last), Some(v)) if !v.covers(&last) => {
+                    return Err(format!(
+                        "lattice monotonicity: node {}'s record of {} moved backwards from {last:?} to {v:?}",
+                        id_of(h),
+                        id_of(w)
+                    ))
+                }
+                (Some(last), None) => {
+                    return Err(format!("node {}'s replica lost the record of {} (last {last:?})", id_of(h), id_of(w)))
+                }
+                _ => row[k] = now_v,
+            }
+        }
+        Ok(())
+    }
+
+    /// Chooses which hosts' records are watched everywhere.
+    pub fn watch(&mut self, hosts: &[u32]) {
+        self.watched = hosts.iter().copied().take(WATCHED).collect();
+    }
+}
+
+/// The `q` quantile (0..=1) of `v` (sorted in place), or 0 when empty.
+pub fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i.min(v.len() - 1)]
+}

@@ -1,0 +1,436 @@
+//! The modelled world: hosts and their Slurm-like jobs, engines, failures, and clients whose
+//! requests simulated gateways route with the core's routing decision.
+
+use crate::rng;
+use crate::scenario::{Partition, Scenario};
+use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim};
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
+use tela_core::{
+    route, Command, Config, Event, Hardware, Input, Lifecycle, Load, Model, Node, Reachability, Role, RouteError,
+};
+
+/// One client request.
+#[derive(Clone, Debug)]
+pub(crate) struct Request {
+    node: u32,
+    node_job: u32,
+    gateway: u32,
+    gateway_job: u32,
+    in_drain: bool,
+    done: bool,
+}
+
+fn uniform(rng: &mut ChaCha8Rng, [lo, hi]: [f64; 2]) -> f64 {
+    if hi > lo {
+        rng.random_range(lo..hi)
+    } else {
+        lo
+    }
+}
+
+/// Swarm mode: this seed's own fault mix, drawn from the scenario's swarm ranges.
+pub(crate) fn draw_swarm(sc: &mut Scenario, rng: &mut ChaCha8Rng) {
+    let s = sc.swarm.clone();
+    sc.network.loss = uniform(rng, s.loss);
+    sc.network.duplicate = uniform(rng, s.duplicate);
+    sc.network.reorder = uniform(rng, s.reorder);
+    let count = |rng: &mut ChaCha8Rng, [lo, hi]: [u32; 2]| {
+        if hi > lo {
+            rng.random_range(lo..=hi)
+        } else {
+            lo
+        }
+    };
+    sc.jobs.crashes = count(rng, s.crashes);
+    sc.jobs.preemptions = count(rng, s.preemptions);
+    let parts = count(rng, s.partitions);
+    let window = sc.faults_until_s;
+    for _ in 0..parts {
+        let start = rng.random_range(0.1 * window..0.6 * window);
+        let end = rng.random_range(start + 1.0..window.max(start + 1.5));
+        let k = rng.random_range(1..=sc.network.sites.max(2) - 1).min(sc.network.sites);
+        let mut sites: Vec<u32> = (0..sc.network.sites).collect();
+        sites.shuffle(rng);
+        sites.truncate(k as usize);
+        sites.sort();
+        sc.partition.push(Partition { start_s: start, end_s: end.min(window), sites, one_way: rng.random_bool(0.3) });
+    }
+}
+
+/// Creates the hosts and schedules the world's events.
+pub(crate) fn build(sim: &mut Sim) {
+    let f = sim.sc.federation.clone();
+    let sites = sim.sc.network.sites;
+    for _ in 0..f.gateways {
+        sim.new_host(true, true, 0, Hardware::CPU, Vec::new());
+    }
+    let outbound = (f64::from(f.nodes) * f.outbound_fraction).round() as u32;
+    let mut order: Vec<u32> = (0..f.nodes).collect();
+    order.shuffle(&mut sim.world_rng);
+    let mut is_outbound = vec![false; f.nodes as usize];
+    for &i in &order[..outbound as usize] {
+        is_outbound[i as usize] = true;
+    }
+    for i in 0..f.nodes {
+        let profile = &f.hardware[sim.world_rng.random_range(0..f.hardware.len())];
+        let hardware = Hardware::from_profile(profile).unwrap_or(Hardware::CPU);
+        let mut models: Vec<Model> = Vec::new();
+        while models.len() < (f.models_per_node as usize).min(f.models.len()) {
+            let m = Model::named(f.models[sim.world_rng.random_range(0..f.models.len())].clone());
+            if !models.contains(&m) {
+                models.push(m);
+            }
+        }
+        sim.new_host(false, !is_outbound[i as usize], i % sites, hardware, models);
+    }
+    let g = f.gateways;
+    let n_hosts = sim.hosts.len() as u32;
+    for h in 0..g {
+        sim.at(0, Kind::Start(h));
+    }
+    for h in g..n_hosts {
+        let t = micros(sim.world_rng.random_range(0.0..f.join_spread_s.max(1e-3)));
+        sim.at(t, Kind::Start(h));
+    }
+    let watched: Vec<u32> = (0..g.min(2)).chain(g..n_hosts.min(g + 6)).collect();
+    sim.t.watch(&watched);
+    schedule_faults(sim, g, n_hosts);
+    for (i, p) in sim.partitions.clone().iter().enumerate() {
+        sim.at(micros(p.start_s), Kind::PartitionStart(i as u32));
+        sim.at(micros(p.end_s), Kind::PartitionEnd(i as u32));
+    }
+    if sim.sc.workload.rate_per_s > 0.0 {
+        let first = next_arrival(sim);
+        sim.at(first, Kind::Arrival);
+    }
+    sim.at(1_000_000, Kind::Sample);
+    sim.at(micros(sim.sc.faults_until_s), Kind::FaultsEnd);
+}
+
+fn schedule_faults(sim: &mut Sim, g: u32, n_hosts: u32) {
+    let jobs = sim.sc.jobs.clone();
+    let start = sim.sc.federation.join_spread_s + 5.0;
+    let until = sim.sc.faults_until_s;
+    let window = |rng: &mut ChaCha8Rng| micros(if until > start { rng.random_range(start..until) } else { until });
+    let serving = n_hosts - g;
+    if serving > 0 {
+        let churn = ((f64::from(serving)) * jobs.churn_fraction).round() as u32;
+        let mut order: Vec<u32> = (g..n_hosts).collect();
+        order.shuffle(&mut sim.fault_rng);
+        for &h in order.iter().take(churn as usize) {
+            let end = window(&mut sim.fault_rng);
+            sim.hosts[h as usize].walltime = Some(end);
+        }
+        for _ in 0..jobs.crashes {
+            let h = sim.fault_rng.random_range(g..n_hosts);
+            let t = window(&mut sim.fault_rng);
+            sim.at(t, Kind::Crash(h));
+        }
+        for _ in 0..jobs.preemptions {
+            let h = sim.fault_rng.random_range(g..n_hosts);
+            let t = window(&mut sim.fault_rng);
+            sim.at(t, Kind::Preempt(h));
+        }
+    }
+    for _ in 0..jobs.gateway_crashes {
+        let h = sim.fault_rng.random_range(0..g);
+        let t = window(&mut sim.fault_rng);
+        sim.at(t, Kind::Crash(h));
+    }
+}
+
+fn next_arrival(sim: &mut Sim) -> Micros {
+    let rate = sim.sc.workload.rate_per_s;
+    let u: f64 = sim.work_rng.random_range(f64::EPSILON..1.0);
+    sim.now + micros(-u.ln() / rate)
+}
+
+impl Sim {
+    /// A job starts on host `h`: a fresh node process in a new generation.
+    pub(crate) fn start(&mut self, h: u32) {
+        if self.hosts[h as usize].running() {
+            return;
+        }
+        let p = self.sc.protocol.clone();
+        let seed = self.seed;
+        let now = self.now;
+        let host = &mut self.hosts[h as usize];
+        host.job += 1;
+        host.ending = false;
+        host.state = Lifecycle::Join;
+        let local = host.local(now);
+        let mut c = Config::new(host.id, local.as_millis());
+        c.role = if host.gateway { Role::Gateway } else { Role::Serving };
+        c.reach = if host.public {
+            Reachability::Public(format!("site{}-host{h}:7000", host.site))
+        } else {
+            Reachability::OutboundOnly
+        };
+        c.hardware = host.hardware.clone();
+        c.rng_seed = rng::node_seed(seed, h, host.job);
+        c.gossip_interval = Duration::from_millis(p.gossip_interval_ms);
+        c.fanout = p.fanout as usize;
+        c.heartbeat_interval = Duration::from_millis(p.heartbeat_interval_ms);
+        c.dead_after = Duration::from_millis(p.dead_after_ms);
+        c.drain_window = Duration::from_secs_f64(p.drain_window_s);
+        host.node = Some(Node::new(c, local));
+        let job = host.job;
+        let gateway = host.gateway;
+        let walltime = host.walltime.take();
+        self.t.on_host_started(h);
+        self.pump(h);
+        let gateways: Vec<u32> = (0..self.sc.federation.gateways).filter(|&g| g != h).collect();
+        if gateway {
+            self.feed(h, Input::EngineReady { models: Vec::new() });
+            // Gateways dial the gateways before them; the others dial this one.
+            for g in gateways {
+                let rtt = 2 * self.latency(h, g);
+                if g < h {
+                    self.after(rtt, Kind::Connect { dialer: h, gateway: g });
+                }
+            }
+            // A restarted gateway is dialled again by every running node.
+            let nodes: Vec<u32> = (self.sc.federation.gateways..self.hosts.len() as u32)
+                .filter(|&n| self.hosts[n as usize].running())
+                .collect();
+            for n in nodes {
+                let rtt = 2 * self.latency(n, h);
+                self.after(rtt + 500_000, Kind::Connect { dialer: n, gateway: h });
+            }
+        } else {
+            for g in gateways {
+                let rtt = 2 * self.latency(h, g);
+                self.after(rtt, Kind::Connect { dialer: h, gateway: g });
+            }
+            let startup = micros(uniform(&mut self.world_rng, self.sc.jobs.engine_startup_s));
+            self.after(startup, Kind::EngineUp { host: h, job });
+            if let Some(end) = walltime.filter(|e| *e > self.now) {
+                self.hosts[h as usize].ending = true;
+                let local_end = self.hosts[h as usize].local(end);
+                self.feed(h, Input::Walltime(local_end));
+                self.at(end, Kind::JobEnd { host: h, job });
+            }
+        }
+    }
+
+    pub(crate) fn engine_up(&mut self, h: u32, job: u32) {
+        let host = &self.hosts[h as usize];
+        if host.job == job && host.running() {
+            let models = host.models.clone();
+            self.feed(h, Input::EngineReady { models });
+        }
+    }
+
+    /// The walltime: Slurm kills whatever is still running.
+    pub(crate) fn job_end(&mut self, h: u32, job: u32) {
+        if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
+            self.t.walltime_kills += 1;
+            self.stop_process(h);
+            self.requeue(h);
+        }
+    }
+
+    pub(crate) fn preempt(&mut self, h: u32) {
+        let host = &mut self.hosts[h as usize];
+        if !host.running() || host.ending {
+            return;
+        }
+        host.ending = true;
+        let job = host.job;
+        self.t.preemptions += 1;
+        self.feed(h, Input::DrainRequested);
+        let grace = micros(self.sc.jobs.preempt_grace_s);
+        self.after(grace, Kind::Kill { host: h, job });
+    }
+
+    pub(crate) fn kill_job(&mut self, h: u32, job: u32) {
+        if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
+            self.t.preempt_kills += 1;
+            self.stop_process(h);
+            self.requeue(h);
+        }
+    }
+
+    pub(crate) fn crash(&mut self, h: u32) {
+        if !self.hosts[h as usize].running() {
+            return;
+        }
+        self.t.on_crash(h, self.now, &self.hosts);
+        self.stop_process(h);
+        let delay = micros(uniform(&mut self.fault_rng, self.sc.jobs.crash_restart_s));
+        self.after(delay, Kind::Start(h));
+    }
+
+    /// A replacement job for host `h` after a queue wait.
+    fn requeue(&mut self, h: u32) {
+        let wait = micros(uniform(&mut self.fault_rng, self.sc.jobs.queue_wait_s));
+        self.after(wait, Kind::Start(h));
+    }
+
+    pub(crate) fn on_event(&mut self, h: u32, e: Event) {
+        match e {
+            Event::LocalState { generation, state } => {
+                if let Err(msg) = self.t.check_own(h, generation, state) {
+                    self.fail(msg);
+                }
+                let host = &mut self.hosts[h as usize];
+                let was = host.state;
+                host.state = state;
+                if state == Lifecycle::Down && was != Lifecycle::Down && host.ending {
+                    let reqs = host.in_flight.clone();
+                    self.t.drains += 1;
+                    self.t.drain_in_flight += reqs.len() as u64;
+                    for r in reqs {
+                        self.t.requests[r as usize].in_drain = true;
+                    }
+                }
+                let version = self.hosts[h as usize].node.as_ref().map(|n| n.local_record().version());
+                if let Some(v) = version {
+                    self.t.on_local_change(h, generation, v, self.now, &self.hosts);
+                }
+            }
+            Event::Unroutable(id) => self.t.on_unroutable(h, host_of(&id), self.now, &self.hosts),
+            Event::Routable(_) | Event::Discovered(_) => {}
+            Event::Rejected { error, .. } => {
+                self.t.rejected += 1;
+                self.fail(format!("node {} rejected a datagram from a correct peer: {error}", id_of(h)));
+            }
+        }
+    }
+
+    pub(crate) fn on_command(&mut self, h: u32, c: Command) {
+        match c {
+            Command::StopEngine => {}
+            Command::Exit => {
+                self.t.clean_exits += 1;
+                self.stop_process(h);
+                self.requeue(h);
+            }
+        }
+    }
+
+    /// After a node's replica changed: invariant checks and convergence tracking.
+    pub(crate) fn after_merge(&mut self, h: u32) {
+        let Some(node) = self.hosts[h as usize].node.as_ref() else {
+            return;
+        };
+        if let Err(msg) = self.t.check_watched(h, node) {
+            self.fail(msg);
+        }
+        let node = self.hosts[h as usize].node.as_ref().expect("checked");
+        self.t.on_merge(h, node, self.now);
+    }
+
+    pub(crate) fn arrival(&mut self) {
+        let next = next_arrival(self);
+        self.at(next, Kind::Arrival);
+        self.t.sent += 1;
+        let models = &self.sc.federation.models;
+        let model = models[self.work_rng.random_range(0..models.len())].clone();
+        let gateways: Vec<u32> =
+            (0..self.sc.federation.gateways).filter(|&g| self.hosts[g as usize].running()).collect();
+        if gateways.is_empty() {
+            self.t.failed += 1;
+            self.t.no_gateway += 1;
+            return;
+        }
+        let g = gateways[self.work_rng.random_range(0..gateways.len())];
+        let mut tried: Vec<tela_core::NodeId> = Vec::new();
+        for _ in 0..self.sc.workload.max_attempts {
+            let gw = &self.hosts[g as usize];
+            let Some(gw_node) = gw.node.as_ref() else {
+                break;
+            };
+            let replica = gw_node.replica();
+            let picked = route(
+                replica,
+                &model,
+                |id| gw.links.contains(&host_of(&id)) && !tried.contains(&id),
+                |id| gw.load_of(host_of(&id)),
+                &mut self.work_rng,
+            );
+            let id = match picked {
+                Ok(id) => id,
+                Err(RouteError::UnknownModel { .. } | RouteError::NoCapacity { .. }) => {
+                    self.t.no_capacity += 1;
+                    break;
+                }
+            };
+            let believed = replica.get(&id).map(|s| s.record().state);
+            if believed != Some(Lifecycle::Serve) {
+                self.fail(format!("gateway {} routed to {id} which it believes is {believed:?}", id_of(g)));
+                return;
+            }
+            let n = host_of(&id);
+            let target = &self.hosts[n as usize];
+            let target_job = target.job;
+            if !target.running() || target.state != Lifecycle::Serve {
+                // Dead (the tunnel fails before the first byte) or draining (503): retry elsewhere.
+                self.t.retries += 1;
+                tried.push(id);
+                continue;
+            }
+            let w = self.sc.workload.clone();
+            let tokens = self.work_rng.random_range(w.tokens[0]..=w.tokens[1].max(w.tokens[0]));
+            let rtt = 2 * self.latency(g, n);
+            let service = micros(w.ttft_ms / 1e3 + f64::from(tokens) / w.tokens_per_s);
+            let r = self.t.requests.len() as u32;
+            self.t.requests.push(Request {
+                node: n,
+                node_job: target_job,
+                gateway: g,
+                gateway_job: self.hosts[g as usize].job,
+                in_drain: false,
+                done: false,
+            });
+            self.hosts[g as usize].add_load(n, 1);
+            self.hosts[n as usize].in_flight.push(r);
+            let load = Load { in_flight: self.hosts[n as usize].in_flight.len() as u32, queued: 0 };
+            self.feed(n, Input::Load(load));
+            self.after(rtt + service, Kind::RequestDone(r));
+            return;
+        }
+        self.t.failed += 1;
+    }
+
+    pub(crate) fn request_done(&mut self, r: u32) {
+        let req = self.t.requests[r as usize].clone();
+        if req.done {
+            return;
+        }
+        self.t.requests[r as usize].done = true;
+        let gw_alive =
+            self.hosts[req.gateway as usize].running() && self.hosts[req.gateway as usize].job == req.gateway_job;
+        self.hosts[req.gateway as usize].add_load(req.node, -1);
+        let host = &mut self.hosts[req.node as usize];
+        host.in_flight.retain(|x| *x != r);
+        let load = Load { in_flight: host.in_flight.len() as u32, queued: 0 };
+        if gw_alive {
+            self.t.completed += 1;
+            if req.in_drain {
+                self.t.drain_completed += 1;
+            }
+        } else {
+            self.t.failed += 1;
+        }
+        if host.running() && host.job == req.node_job {
+            self.feed(req.node, Input::Load(load));
+        }
+    }
+
+    /// A request whose node died mid-stream.
+    pub(crate) fn fail_request(&mut self, r: u32) {
+        let req = &mut self.t.requests[r as usize];
+        if req.done {
+            return;
+        }
+        req.done = true;
+        let (g, n) = (req.gateway, req.node);
+        self.hosts[g as usize].add_load(n, -1);
+        self.t.failed += 1;
+        self.t.mid_stream += 1;
+    }
+}
