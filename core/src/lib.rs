@@ -50,20 +50,24 @@
 //!
 //! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
-//! [`hardware`] (GPU catalog and profiles), and [`harness`] (a multi-node test bench, behind
-//! the `harness` feature).
+//! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
+//! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
+//! and [`harness`] (a multi-node test bench, behind the `harness` feature).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod cold_start;
 pub mod hardware;
 pub mod id;
 pub mod lifecycle;
 pub mod node;
+pub mod placement;
 pub mod pushpull;
 pub mod record;
 pub mod replica;
 pub mod routing;
+pub mod spin;
 pub mod time;
 pub mod timer;
 pub mod wire;
@@ -71,11 +75,14 @@ pub mod wire;
 #[cfg(feature = "harness")]
 pub mod harness;
 
+pub use cold_start::{ColdStartQueue, Enqueued};
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
 pub use id::NodeId;
 pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
+pub use placement::{place, ModelSpec, NoPlacement, NodeShape, Placement};
 pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version};
 pub use replica::Replica;
 pub use routing::{route, RouteError};
+pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};
