@@ -3,6 +3,15 @@
 //! Each `tela` subcommand is a thin wrapper in `src/main.rs` around a module of this library, so
 //! that tests, the demo and other binaries can embed the same logic in one process:
 //!
+//! - [`gateway`] — `tela gateway`, the **ingress**: an embedded anchor that serving nodes dial,
+//!   and the OpenAI-compatible API that routes every request over one of their tunnels. Its
+//!   parts: [`service`] (paths, auth, limits), [`proxy`] (forwarding with retries before the
+//!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
+//!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed API keys,
+//!   reloaded), [`server`] (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and
+//!   [`dashboard`].
+//! - [`demo`] — `tela demo`, a gateway, three nodes and three engine simulators on loopback.
+//! - [`cli`] — the flags of `tela gateway` and `tela status --gateway`.
 //! - [`engine_sim`] — `tela engine-sim`, the built-in **engine simulator**: an OpenAI-compatible
 //!   HTTP server that stands in for vLLM or llama.cpp in demos and tests. It generates
 //!   deterministic placeholder text from a fixed word list; it is not a model.
@@ -28,6 +37,19 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod api_error;
+pub mod auth;
+pub mod body;
+pub mod cli;
+pub mod dashboard;
+pub mod demo;
 pub mod engine_sim;
+pub mod gateway;
 pub mod logging;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;
+pub mod server;
+pub mod service;
 pub mod signal;
+pub mod status;

@@ -5,8 +5,10 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use tela_gateway::cli::{GatewayCommand, StatusCommand};
+use tela_gateway::demo::DemoArgs;
 use tela_gateway::engine_sim::EngineSimArgs;
-use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, control::StatusArgs, gpu::HardwareArgs, node::NodeArgs};
+use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, node::NodeArgs};
 
 /// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
 /// OpenAI-compatible endpoint.
@@ -25,11 +27,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     // Help text comes from each argument struct's doc comment.
+    Demo(DemoArgs),
+    Gateway(Box<GatewayCommand>),
     EngineSim(EngineSimArgs),
     Node(Box<NodeArgs>),
     Anchor(AnchorArgs),
     Drain(DrainArgs),
-    Status(StatusArgs),
+    Status(StatusCommand),
     Hardware(HardwareArgs),
 }
 
@@ -38,6 +42,8 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tela_gateway::logging::init(cli.log.as_deref())?;
     match cli.command {
+        Command::Demo(args) => args.run().await.context("tela demo")?,
+        Command::Gateway(args) => args.run().await.context("tela gateway")?,
         Command::EngineSim(args) => args.run().await.context("tela engine-sim")?,
         Command::Node(args) => match args.run().await.context("tela node")? {
             0 => {}
@@ -45,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
         },
         Command::Anchor(args) => args.run().await.context("tela anchor")?,
         Command::Drain(args) => args.run().await.context("tela drain")?,
-        Command::Status(args) => args.run().await.context("tela status")?,
+        Command::Status(args) => args.run().await?,
         Command::Hardware(args) => args.run().context("tela hardware")?,
     }
     Ok(())

@@ -59,14 +59,27 @@ impl Anchor {
 
     /// As [`Anchor::start`], serving streams that peers open with `streams` (the gateway).
     pub async fn start_with(config: AnchorConfig, streams: StreamHandler) -> Result<Anchor, AnchorError> {
-        let endpoint =
-            Endpoint::listen(config.listen, EndpointConfig::new(config.identity.clone(), config.join_secret.clone()))?;
+        let endpoint = EndpointConfig::new(config.identity.clone(), config.join_secret.clone());
+        Anchor::start_with_endpoint(config, endpoint, streams).await
+    }
+
+    /// As [`Anchor::start_with`], with the listening endpoint's settings given whole (e.g.
+    /// shorter keep-alive and idle timeouts, so that a gateway notices a node that vanished
+    /// without closing its connection sooner). `endpoint`'s identity and join secret are used;
+    /// those of `config` are ignored.
+    pub async fn start_with_endpoint(
+        config: AnchorConfig,
+        endpoint: EndpointConfig,
+        streams: StreamHandler,
+    ) -> Result<Anchor, AnchorError> {
+        let id = endpoint.identity.node_id();
+        let endpoint = Endpoint::listen(config.listen, endpoint)?;
         let bound = endpoint.local_addr().unwrap_or(config.listen);
         let advertise = config.advertise.clone().unwrap_or_else(|| bound.to_string());
         if advertise.len() > tela_core::record::MAX_ADDR {
             return Err(AnchorError::AdvertiseTooLong(advertise));
         }
-        let mut node = Config::new(config.identity.node_id(), generation_now());
+        let mut node = Config::new(id, generation_now());
         node.role = Role::Gateway;
         node.reach = Reachability::Public(advertise);
         node.drain_window = config.drain_window;

@@ -25,12 +25,15 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tela_core::{Command, Event, Input, Lifecycle, Load, Node, NodeId, Output, Reachability, Time, Transmit};
+use tela_core::{Command, Event, Input, Lifecycle, Load, Node, NodeId, Output, Reachability, Role, Time, Transmit};
 use tela_transports::{Accepted, CloseReason, ConnectError, Connection, ConnectionError, Endpoint, TransportMode};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// How often the driver checks that it is connected to every gateway in the registry.
+const GATEWAY_DIAL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the driver's queue carries.
 pub(crate) enum ToDriver {
@@ -151,6 +154,8 @@ impl Driver {
                 self.tx.clone(),
             ));
         }
+        let mut gateways = tokio::time::interval(GATEWAY_DIAL_INTERVAL);
+        gateways.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let exit = loop {
             if let Some(exit) = self.drain_outputs() {
                 break exit;
@@ -169,6 +174,7 @@ impl Driver {
                     self.node.handle_input(now, Input::Timeout);
                 }
                 () = tokio::time::sleep_until(publish_at), if self.dirty => self.publish(),
+                _ = gateways.tick() => self.dial_gateways(),
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Err(e) = done {
                         if e.is_panic() {
@@ -291,12 +297,18 @@ impl Driver {
             Some(Reachability::Public(addr)) => addr.clone(),
             _ => return,
         };
+        self.dial_public(t.to, addr);
+    }
+
+    /// Dials a public peer in the background unless a dial is under way or backing off (or a
+    /// join keeper owns its address).
+    fn dial_public(&mut self, peer: NodeId, addr: String) {
         if self.config.join.contains(&addr) {
             return; // its keeper task is on it
         }
         let now = Instant::now();
         let (initial, max) = (self.config.redial_initial, self.config.redial_max);
-        let state = self.dials.entry(t.to).or_insert_with(|| PeerDial {
+        let state = self.dials.entry(peer).or_insert_with(|| PeerDial {
             in_progress: false,
             not_before: now,
             backoff: Backoff::new(initial, max),
@@ -305,7 +317,7 @@ impl Driver {
             return;
         }
         state.in_progress = true;
-        let (endpoint, mode, tx, peer) = (self.endpoint.clone(), self.config.transport, self.tx.clone(), t.to);
+        let (endpoint, mode, tx) = (self.endpoint.clone(), self.config.transport, self.tx.clone());
         tracing::debug!(%peer, "dialling public peer {peer} at {addr}");
         self.tasks.spawn(async move {
             let msg = match dial(&endpoint, &addr, mode).await {
@@ -314,6 +326,39 @@ impl Driver {
             };
             let _ = tx.send(msg).await;
         });
+    }
+
+    /// Keeps a connection to every gateway in the registry, not only the `--join` addresses:
+    /// each gateway routes only over connections its nodes opened to it, so a node must be
+    /// connected to all of them. A gateway whose connection ended (it crashed or restarted) is
+    /// redialled with backoff for as long as its record has not LEFT, so nodes come back to it
+    /// by themselves when it returns.
+    fn dial_gateways(&mut self) {
+        let me = self.node.id();
+        let peers = &self.view.shared.peers;
+        let targets: Vec<(NodeId, String)> = self
+            .node
+            .replica()
+            .slots()
+            .iter()
+            .filter_map(|slot| {
+                let r = slot.record();
+                match &r.reach {
+                    Reachability::Public(addr)
+                        if r.role == Role::Gateway
+                            && r.id != me
+                            && r.state < Lifecycle::Left
+                            && peers.get(&r.id).is_none() =>
+                    {
+                        Some((r.id, addr.clone()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        for (peer, addr) in targets {
+            self.dial_public(peer, addr);
+        }
     }
 
     fn on_event(&mut self, event: Event) {

@@ -1,0 +1,213 @@
+//! `tela gateway` and `tela status --gateway`: flags, checks and the run loop.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tela_runtime::identity::{load_identity, read_secret};
+use tela_transports::TransportMode;
+
+use crate::auth::HashKeyArgs;
+use crate::gateway::{AuthConfig, Gateway, GatewayConfig};
+use crate::proxy::ProxySettings;
+use crate::service::Limits;
+
+/// Run an ingress gateway: the OpenAI-compatible API on --listen, and the anchor that serving
+/// nodes dial (`tela node --join PUBLIC_ADDR`) on --anchor-listen.
+///
+/// The first line on stdout is `listening on http(s)://ADDR`, the second `anchor on ADDR`.
+/// Ctrl-C or SIGTERM stops accepting, lets open responses finish (--shutdown-grace), and exits.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct GatewayCommand {
+    #[command(subcommand)]
+    command: Option<GatewaySubcommand>,
+    #[command(flatten)]
+    run: GatewayArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+enum GatewaySubcommand {
+    HashKey(HashKeyArgs),
+}
+
+/// The flags of `tela gateway`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Where the HTTP API listens.
+    #[arg(long, env = "TELA_GATEWAY_LISTEN", default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
+    pub listen: SocketAddr,
+
+    /// Where nodes connect (QUIC and TCP on one port number).
+    #[arg(long, env = "TELA_ANCHOR_LISTEN", default_value = "0.0.0.0:7000", value_name = "HOST:PORT")]
+    pub anchor_listen: SocketAddr,
+
+    /// The address nodes should dial, as advertised in the registry (default: the anchor's
+    /// bound address; set it when listening on 0.0.0.0 or behind a port mapping).
+    #[arg(long, env = "TELA_PUBLIC_ADDR", value_name = "HOST:PORT")]
+    pub public_addr: Option<String>,
+
+    /// The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file).
+    #[arg(long, env = "TELA_JOIN_SECRET", hide_env_values = true, value_name = "SECRET")]
+    pub join_secret: Option<String>,
+
+    /// Read the join secret from this file (first line).
+    #[arg(long, env = "TELA_JOIN_SECRET_FILE", value_name = "PATH")]
+    pub join_secret_file: Option<PathBuf>,
+
+    /// Other gateways or anchors to keep a connection to (repeatable).
+    #[arg(long, env = "TELA_JOIN", value_delimiter = ',', value_name = "HOST:PORT")]
+    pub join: Vec<String>,
+
+    /// Transport for dials to other gateways.
+    #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
+    pub transport: TransportMode,
+
+    /// Identity key file (created on first run) [default: <config dir>/tela/gateway.key].
+    #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
+    pub identity: Option<PathBuf>,
+
+    /// File of hashed API keys, one `sha256:<hex>` per line (make lines with `tela gateway
+    /// hash-key`); reloaded when it changes.
+    #[arg(long, env = "TELA_API_KEYS", value_name = "PATH", required_unless_present = "no_auth")]
+    pub api_keys: Option<PathBuf>,
+
+    /// Serve the API without keys (loopback demos and tests only).
+    #[arg(long, conflicts_with = "api_keys")]
+    pub no_auth: bool,
+
+    /// TLS certificate chain (PEM) to serve HTTPS; needs --tls-key.
+    #[arg(long, env = "TELA_TLS_CERT", requires = "tls_key", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS private key (PEM).
+    #[arg(long, env = "TELA_TLS_KEY", requires = "tls_cert", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve /status and /metrics without an API key.
+    #[arg(long)]
+    pub open_status: bool,
+
+    /// Largest request body, in bytes (413 above).
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    pub max_body_bytes: usize,
+
+    /// Longest a client may take to send a request's headers (the connection is closed).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub header_timeout: Duration,
+
+    /// Longest a client may take to send a request's body (408).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub body_timeout: Duration,
+
+    /// API requests served at once (429 above).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_concurrent: usize,
+
+    /// Nodes tried per request before answering 503.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub max_attempts: usize,
+
+    /// A node connection that hears nothing for this long is closed and the node avoided.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub node_idle_timeout: Duration,
+
+    /// How long Ctrl-C / SIGTERM waits for open responses.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
+}
+
+impl GatewayCommand {
+    /// Runs `tela gateway` or `tela gateway hash-key`.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Some(GatewaySubcommand::HashKey(args)) => args.run(),
+            None => self.run.run().await,
+        }
+    }
+}
+
+impl GatewayArgs {
+    /// The configuration these flags describe.
+    pub fn config(&self) -> anyhow::Result<GatewayConfig> {
+        anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
+        anyhow::ensure!(self.max_concurrent >= 1, "--max-concurrent must be at least 1");
+        let join_secret = read_secret(self.join_secret.as_deref(), self.join_secret_file.as_deref())?;
+        let identity = load_identity(self.identity.as_deref(), "gateway.key")?;
+        let mut config = GatewayConfig::new(identity, join_secret);
+        config.listen = self.listen;
+        config.anchor_listen = self.anchor_listen;
+        config.public_addr = self.public_addr.clone();
+        config.join = self.join.clone();
+        config.transport = self.transport;
+        config.auth = match &self.api_keys {
+            Some(path) => AuthConfig::KeyFile(path.clone()),
+            None => AuthConfig::Open,
+        };
+        config.tls = self.tls_cert.clone().zip(self.tls_key.clone());
+        config.open_status = self.open_status;
+        config.limits = Limits {
+            max_body_bytes: self.max_body_bytes,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            max_concurrent: self.max_concurrent,
+        };
+        config.proxy = ProxySettings { max_attempts: self.max_attempts, ..ProxySettings::default() };
+        config.node_idle_timeout = self.node_idle_timeout;
+        config.shutdown_grace = self.shutdown_grace;
+        Ok(config)
+    }
+
+    /// Starts the gateway, prints where it listens, and serves until Ctrl-C or SIGTERM.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let config = self.config()?;
+        if self.no_auth && !self.listen.ip().is_loopback() {
+            tracing::warn!("--no-auth on {}: anyone who can reach it may use the API", self.listen);
+        }
+        let stop = crate::signal::shutdown_signal()?;
+        let gateway = Gateway::start(config).await?;
+        {
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "listening on {}", gateway.base_url())?;
+            writeln!(stdout, "anchor on {}", gateway.anchor_addr())?;
+            stdout.flush()?;
+        }
+        stop.await;
+        gateway.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Print the federation table: from a gateway's /status over HTTP (--gateway), or from the node
+/// or anchor on this machine through its control socket.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusCommand {
+    /// The gateway's base URL (e.g. http://gw.example.org:8080).
+    #[arg(long, env = "TELA_GATEWAY", value_name = "URL")]
+    pub gateway: Option<String>,
+
+    /// API key for the gateway's /status.
+    #[arg(long, env = "TELA_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+
+    #[command(flatten)]
+    local: tela_runtime::control::StatusArgs,
+}
+
+impl StatusCommand {
+    /// Queries and prints.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let Some(url) = &self.gateway else {
+            return self.local.run().await.context("tela status");
+        };
+        let status = crate::status::fetch_status(url, self.api_key.as_deref(), Duration::from_secs(10)).await?;
+        if self.local.json {
+            println!("{status}");
+        } else {
+            print!("{}", crate::status::format_table(&status));
+        }
+        Ok(())
+    }
+}

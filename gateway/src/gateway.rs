@@ -1,0 +1,251 @@
+//! [`Gateway`]: the ingress — an embedded anchor that serving nodes dial (QUIC and TCP on
+//! `--anchor-listen`), and the OpenAI-compatible HTTP API on `--listen` that routes each request
+//! over those nodes' connections.
+//!
+//! ```no_run
+//! use tela_gateway::gateway::{Gateway, GatewayConfig};
+//! use tela_transports::{Identity, JoinSecret};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = GatewayConfig::new(Identity::generate()?, JoinSecret::new("federation secret")?);
+//! config.listen = "127.0.0.1:0".parse()?;
+//! config.anchor_listen = "127.0.0.1:0".parse()?;
+//! let gateway = Gateway::start(config).await?;
+//! println!("OpenAI base URL: {}/v1; nodes dial {}", gateway.base_url(), gateway.anchor_addr());
+//! gateway.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tela_runtime::anchor::{Anchor, AnchorConfig, AnchorError};
+use tela_runtime::runtime::refuse_streams;
+use tela_runtime::Runtime;
+use tela_transports::{EndpointConfig, Identity, JoinSecret, TransportMode};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::auth::{Access, KeyFile, KeyFileError};
+use crate::metrics::Metrics;
+use crate::proxy::ProxySettings;
+use crate::server::TlsError;
+use crate::service::{Limits, Shared};
+
+/// Who may call the API.
+#[derive(Clone, Debug)]
+pub enum AuthConfig {
+    /// Anyone: only for loopback demos and tests.
+    Open,
+    /// Holders of a key whose hash is in this file (reloaded on change).
+    KeyFile(PathBuf),
+}
+
+/// Everything a gateway needs.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Where the HTTP API listens.
+    pub listen: SocketAddr,
+    /// Where the anchor listens for nodes (QUIC and TCP on one port number).
+    pub anchor_listen: SocketAddr,
+    /// The anchor address advertised in the registry, which nodes dial (default: the bound one).
+    pub public_addr: Option<String>,
+    /// The gateway's identity.
+    pub identity: Identity,
+    /// The federation's join secret.
+    pub join_secret: JoinSecret,
+    /// Other gateways or anchors to keep a connection to.
+    pub join: Vec<String>,
+    /// Transport for those dials.
+    pub transport: TransportMode,
+    /// API keys.
+    pub auth: AuthConfig,
+    /// TLS certificate chain and key (PEM), to terminate HTTPS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Serve `/status` and `/metrics` without a key.
+    pub open_status: bool,
+    /// Client limits.
+    pub limits: Limits,
+    /// Forwarding.
+    pub proxy: ProxySettings,
+    /// A node connection that hears nothing for this long is closed (and the node avoided).
+    pub node_idle_timeout: Duration,
+    /// How long shutdown waits for open responses.
+    pub shutdown_grace: Duration,
+}
+
+impl GatewayConfig {
+    /// Defaults: API on 127.0.0.1:8080, anchor on 0.0.0.0:7000, [`AuthConfig::Open`] (the
+    /// command line insists on a key file or an explicit `--no-auth`), node idle timeout 5 s,
+    /// shutdown grace 30 s.
+    pub fn new(identity: Identity, join_secret: JoinSecret) -> GatewayConfig {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            anchor_listen: SocketAddr::from(([0, 0, 0, 0], 7000)),
+            public_addr: None,
+            identity,
+            join_secret,
+            join: Vec::new(),
+            transport: TransportMode::Auto,
+            auth: AuthConfig::Open,
+            tls: None,
+            open_status: false,
+            limits: Limits::default(),
+            proxy: ProxySettings::default(),
+            node_idle_timeout: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The anchor could not start.
+    #[error("the node-facing anchor could not start: {0}")]
+    Anchor(#[from] AnchorError),
+    /// The API listener could not bind.
+    #[error("cannot listen on {addr} for the API: {source} (is another process using the port? pass --listen)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The key file is unusable.
+    #[error(transparent)]
+    Keys(#[from] KeyFileError),
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// A running gateway. Dropping it stops everything at once; [`Gateway::shutdown`] lets open
+/// responses finish first.
+pub struct Gateway {
+    anchor: Anchor,
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    tls: bool,
+    stop: CancellationToken,
+    server: Option<AbortOnDropHandle<()>>,
+    _keys: Option<KeyFile>,
+}
+
+impl Gateway {
+    /// Starts the anchor and the API; must run inside a tokio runtime.
+    pub async fn start(config: GatewayConfig) -> Result<Gateway, GatewayError> {
+        let (keys, access) = match &config.auth {
+            AuthConfig::Open => (None, Access::Open),
+            AuthConfig::KeyFile(path) => {
+                let file = KeyFile::watch(path.clone())?;
+                let access = file.access();
+                (Some(file), access)
+            }
+        };
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(crate::server::tls_acceptor(cert, key)?),
+            None => None,
+        };
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| GatewayError::Bind { addr: config.listen, source })?;
+        let mut endpoint = EndpointConfig::new(config.identity.clone(), config.join_secret.clone());
+        endpoint.idle_timeout = config.node_idle_timeout;
+        endpoint.keep_alive = (config.node_idle_timeout / 4).max(Duration::from_millis(200));
+        let anchor = Anchor::start_with_endpoint(
+            AnchorConfig {
+                listen: config.anchor_listen,
+                advertise: config.public_addr.clone(),
+                identity: config.identity.clone(),
+                join_secret: config.join_secret.clone(),
+                join: config.join.clone(),
+                transport: config.transport,
+                drain_window: Duration::from_secs(5),
+            },
+            endpoint,
+            refuse_streams(),
+        )
+        .await?;
+        let metrics = Arc::new(Metrics::new());
+        let shared = Arc::new(Shared::new(
+            anchor.runtime().view(),
+            metrics,
+            access,
+            config.open_status,
+            config.limits,
+            config.proxy,
+        ));
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(crate::server::serve(
+            listener,
+            tls.clone(),
+            shared.clone(),
+            stop.clone(),
+            config.shutdown_grace,
+        ));
+        tracing::info!(
+            "gateway {} serving the OpenAI API on {}://{local_addr}/v1; nodes join at {}",
+            anchor.runtime().node_id(),
+            if tls.is_some() { "https" } else { "http" },
+            anchor.local_addr()
+        );
+        Ok(Gateway {
+            anchor,
+            shared,
+            local_addr,
+            tls: tls.is_some(),
+            stop,
+            server: Some(AbortOnDropHandle::new(server)),
+            _keys: keys,
+        })
+    }
+
+    /// Where the API listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `http://ADDR` or `https://ADDR`.
+    pub fn base_url(&self) -> String {
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.local_addr)
+    }
+
+    /// Where nodes dial.
+    pub fn anchor_addr(&self) -> SocketAddr {
+        self.anchor.local_addr()
+    }
+
+    /// The embedded anchor's runtime (registry snapshots, events).
+    pub fn runtime(&self) -> &Runtime {
+        self.anchor.runtime()
+    }
+
+    /// The `/status` document as of now.
+    pub fn status(&self) -> serde_json::Value {
+        crate::status::status_json(&self.shared)
+    }
+
+    /// Waits until the API server stops by itself (it does not, short of a bug).
+    pub async fn wait(&mut self) {
+        if let Some(server) = self.server.as_mut() {
+            let _ = server.await;
+            self.server = None;
+        }
+    }
+
+    /// Stops accepting, lets open responses finish (up to the shutdown grace), then leaves the
+    /// federation's connections.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+        let _ = self.anchor.runtime().inputs().shutdown().await;
+        self.anchor.runtime_mut().wait().await;
+    }
+}

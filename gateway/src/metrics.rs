@@ -1,0 +1,153 @@
+//! The gateway's Prometheus metrics (`GET /metrics`, text exposition format), kept with the
+//! `prometheus-client` crate:
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `tela_gateway_requests_total` | `model`, `status` | API requests answered, by the status sent |
+//! | `tela_gateway_request_duration_seconds` | `model`, `stream` | request arrival to the last byte of the response |
+//! | `tela_gateway_added_seconds` | | the gateway's own time: arrival to the request written into a tunnel |
+//! | `tela_gateway_routing_seconds` | | one routing decision |
+//! | `tela_gateway_retries_total` | `reason` | attempts repeated on another node before the first response byte |
+//! | `tela_gateway_broken_streams_total` | | responses that broke after their first byte |
+//! | `tela_gateway_in_flight` | `node` | requests in flight per node, as this gateway counts them |
+//! | `tela_gateway_nodes` | `state` | nodes in the registry by lifecycle state (at scrape time) |
+//!
+//! Model labels only carry names some node serves (others are counted as `unknown`), so a
+//! client cannot grow the label set without bound.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// `model` and `status`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The model asked for (or `unknown`, `-` where none applies).
+    pub model: String,
+    /// The HTTP status sent.
+    pub status: u16,
+}
+
+/// `model` and `stream`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DurationLabels {
+    /// The model.
+    pub model: String,
+    /// Whether the response was a stream.
+    pub stream: bool,
+}
+
+/// `node`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The node's short id.
+    pub node: String,
+}
+
+/// `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the attempt was repeated.
+    pub reason: String,
+}
+
+/// `state`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// A lifecycle state.
+    pub state: String,
+}
+
+/// Every metric the gateway keeps.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// Requests by model and status.
+    pub requests: Family<RequestLabels, Counter>,
+    /// End-to-end duration.
+    pub duration: Family<DurationLabels, Histogram>,
+    /// The gateway's own added time.
+    pub added: Histogram,
+    /// Routing decision time.
+    pub routing: Histogram,
+    /// Retries by reason.
+    pub retries: Family<ReasonLabel, Counter>,
+    /// Responses broken after the first byte.
+    pub broken: Counter,
+    /// In flight per node.
+    pub in_flight: Family<NodeLabel, Gauge>,
+    /// Nodes by state.
+    pub nodes: Family<StateLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh set, registered.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tela_gateway");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let duration = Family::<DurationLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.001, 2.0, 18))) as fn() -> Histogram,
+        );
+        let added = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let routing = Histogram::new(exponential_buckets(0.000_001, 2.0, 16));
+        let retries = Family::<ReasonLabel, Counter>::default();
+        let broken = Counter::default();
+        let in_flight = Family::<NodeLabel, Gauge>::default();
+        let nodes = Family::<StateLabel, Gauge>::default();
+        registry.register("requests", "API requests answered, by model and status", requests.clone());
+        registry.register(
+            "request_duration_seconds",
+            "From a request's arrival to the last byte of its response",
+            duration.clone(),
+        );
+        registry.register(
+            "added_seconds",
+            "The gateway's own time per request: arrival to the request written into a node's tunnel",
+            added.clone(),
+        );
+        registry.register("routing_seconds", "Time of one routing decision", routing.clone());
+        registry.register(
+            "retries",
+            "Attempts repeated on another node before the first response byte",
+            retries.clone(),
+        );
+        registry.register("broken_streams", "Responses that broke after their first byte", broken.clone());
+        registry.register("in_flight", "Requests in flight per node, as this gateway counts them", in_flight.clone());
+        registry.register("nodes", "Nodes in this gateway's registry replica, by lifecycle state", nodes.clone());
+        Metrics {
+            registry: Mutex::new(registry),
+            requests,
+            duration,
+            added,
+            routing,
+            retries,
+            broken,
+            in_flight,
+            nodes,
+        }
+    }
+
+    /// Counts one answered request.
+    pub fn count(&self, model: &str, status: u16) {
+        self.requests.get_or_create(&RequestLabels { model: model.to_string(), status }).inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}

@@ -1,0 +1,261 @@
+//! Forwarding one API request to a node through its tunnel, with retries before the first
+//! response byte.
+//!
+//! For each attempt: route ([`crate::routing::choose`]), count the request on the node, open a
+//! stream on the node's connection, write the [`RequestHead`] and the body (unchanged, already
+//! read and size-checked), finish the request side, and wait for the [`ResponseHead`]. Until
+//! that head has arrived nothing has reached the client, so any failure — the stream cannot be
+//! opened, the connection breaks, the node answers `503` because it is draining or `502`
+//! because its engine is unreachable — moves on at once to another node not yet tried, up to
+//! [`ProxySettings::max_attempts`]. Once a head arrives, the response is the client's: its
+//! body streams through [`TunnelBody`], which turns a later break into an SSE error event.
+//!
+//! The header `x-tela-gateway-ms` reports the gateway's own time for the request: from the
+//! moment its body was read to the moment the request was written into the tunnel that
+//! answered, retries included.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use tela_core::{NodeId, RouteError};
+use tela_transports::tunnel::{read_response_head, write_request_head, RequestHead, ResponseHead};
+use tela_transports::{Connection, RecvStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::api_error::ApiError;
+use crate::body::{BodyEnd, GatewayBody, Held, TunnelBody};
+use crate::service::Shared;
+
+/// The response header naming the node that served a request.
+pub const NODE_HEADER: &str = "x-tela-node";
+/// The response header with the gateway's own added time, in milliseconds.
+pub const GATEWAY_MS_HEADER: &str = "x-tela-gateway-ms";
+
+/// Headers that describe one hop or carry this gateway's credentials: never forwarded.
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "api-key",
+];
+
+/// How forwarding behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxySettings {
+    /// Nodes tried per request before giving up (each on a different node).
+    pub max_attempts: usize,
+    /// The longest opening a stream and writing the request into it may take.
+    pub write_timeout: Duration,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings { max_attempts: 3, write_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// One API request, read and checked.
+pub struct ApiRequest {
+    /// The method and path as received.
+    pub head: RequestHead,
+    /// The body, unchanged.
+    pub body: Bytes,
+    /// Its `model`.
+    pub model: String,
+    /// Its `stream`.
+    pub stream: bool,
+    /// When its body had been read.
+    pub ready_at: Instant,
+    /// Released when the response ends (the concurrency permit).
+    pub held: Vec<Held>,
+}
+
+/// The request head sent into the tunnel: method, path and the end-to-end headers.
+pub fn tunnel_head(parts: &http::request::Parts) -> RequestHead {
+    let path_and_query = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_string(), |p| p.to_string());
+    let headers = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| !NOT_FORWARDED.contains(&name.as_str()))
+        .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+        .collect();
+    RequestHead { method: parts.method.as_str().to_string(), path_and_query, headers }
+}
+
+/// Why an attempt did not produce a response for the client.
+struct Failure {
+    reason: &'static str,
+    detail: String,
+}
+
+/// Forwards `request`; see the module docs.
+pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<GatewayBody> {
+    let mut tried: Vec<NodeId> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    let view = shared.anchor_view();
+    while tried.len() < shared.proxy.max_attempts {
+        let snapshot = view.snapshot();
+        let routing_started = Instant::now();
+        let choice = crate::routing::choose(&view, &snapshot, &shared.load, &request.model, &tried);
+        shared.metrics.routing.observe(routing_started.elapsed().as_secs_f64());
+        let choice = match choice {
+            Ok(c) => c,
+            Err(RouteError::UnknownModel { known, .. }) if tried.is_empty() => {
+                return shared.answer_error(ApiError::unknown_model(&request.model, &known), "unknown");
+            }
+            Err(RouteError::UnknownModel { .. }) | Err(RouteError::NoCapacity { .. }) => {
+                let message = if tried.is_empty() {
+                    format!(
+                        "no node can take a request for model '{}' right now: every node serving it is busy \
+                         draining or not connected to this gateway; retry shortly",
+                        request.model
+                    )
+                } else {
+                    format!(
+                        "no node could take the request for model '{}' ({}); retry shortly",
+                        request.model,
+                        failures.join("; ")
+                    )
+                };
+                return shared.answer_error(ApiError::no_capacity(message), &request.model);
+            }
+        };
+        tried.push(choice.node);
+        let guard = shared.load.enter(choice.node);
+        match attempt(&choice.connection, &request, shared.proxy.write_timeout).await {
+            Ok(Attempt { head, recv, written_at }) => {
+                let retryable = matches!(head.status, 502 | 503);
+                if retryable && tried.len() < shared.proxy.max_attempts {
+                    let detail = error_message(recv).await;
+                    let reason = if head.status == 503 { "node_unavailable" } else { "engine_unavailable" };
+                    tracing::info!(node = %choice.node, "node {} answered {}: {detail}; retrying on another node", choice.node, head.status);
+                    failures.push(format!("node {} answered {}: {detail}", choice.node, head.status));
+                    shared.metrics.retries.get_or_create(&crate::metrics::ReasonLabel { reason: reason.into() }).inc();
+                    continue;
+                }
+                let added = written_at.saturating_duration_since(request.ready_at);
+                shared.metrics.added.observe(added.as_secs_f64());
+                let mut held = std::mem::take(&mut request.held);
+                held.push(Box::new(guard));
+                return respond(shared, &request, choice.node, head, recv, added, held);
+            }
+            Err(failure) => {
+                tracing::warn!(node = %choice.node, "request to node {} failed before its response began: {}; retrying on another node", choice.node, failure.detail);
+                failures.push(format!("node {}: {}", choice.node, failure.detail));
+                shared
+                    .metrics
+                    .retries
+                    .get_or_create(&crate::metrics::ReasonLabel { reason: failure.reason.into() })
+                    .inc();
+            }
+        }
+    }
+    let message = format!(
+        "no node could take the request for model '{}' after {} attempts ({}); retry shortly",
+        request.model,
+        tried.len(),
+        failures.join("; ")
+    );
+    shared.answer_error(ApiError::no_capacity(message), &request.model)
+}
+
+struct Attempt {
+    head: ResponseHead,
+    recv: RecvStream,
+    written_at: Instant,
+}
+
+async fn attempt(conn: &Connection, request: &ApiRequest, write_timeout: Duration) -> Result<Attempt, Failure> {
+    let write = async {
+        let (mut send, recv) = conn
+            .open_stream()
+            .await
+            .map_err(|e| Failure { reason: "tunnel", detail: format!("cannot open a stream: {e}") })?;
+        let io = |e: std::io::Error| Failure { reason: "tunnel", detail: format!("writing the request failed: {e}") };
+        write_request_head(&mut send, &request.head)
+            .await
+            .map_err(|e| Failure { reason: "tunnel", detail: format!("writing the request failed: {e}") })?;
+        send.write_all(&request.body).await.map_err(io)?;
+        send.shutdown().await.map_err(io)?;
+        Ok::<_, Failure>(recv)
+    };
+    let mut recv = tokio::time::timeout(write_timeout, write).await.map_err(|_| Failure {
+        reason: "tunnel",
+        detail: format!("the request could not be written within {write_timeout:?}"),
+    })??;
+    let written_at = Instant::now();
+    let head = read_response_head(&mut recv)
+        .await
+        .map_err(|e| Failure { reason: "tunnel", detail: format!("no response: {e}") })?;
+    Ok(Attempt { head, recv, written_at })
+}
+
+/// The message of a small error body a node answered with (for logs and the final error).
+async fn error_message(mut recv: RecvStream) -> String {
+    let mut buf = Vec::new();
+    let mut limited = (&mut recv).take(8 * 1024);
+    if tokio::time::timeout(Duration::from_secs(2), limited.read_to_end(&mut buf)).await.is_err() {
+        return "no error body".into();
+    }
+    serde_json::from_slice::<serde_json::Value>(&buf)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&buf).chars().take(200).collect())
+}
+
+fn respond(
+    shared: &Shared,
+    request: &ApiRequest,
+    node: NodeId,
+    head: ResponseHead,
+    recv: RecvStream,
+    added: Duration,
+    held: Vec<Held>,
+) -> Response<GatewayBody> {
+    let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut builder = Response::builder().status(status);
+    let mut sse = false;
+    let mut named = false;
+    for (name, value) in head.headers {
+        let lower = name.to_ascii_lowercase();
+        if NOT_FORWARDED.contains(&lower.as_str()) {
+            continue;
+        }
+        let (Ok(name), Ok(value)) = (HeaderName::from_bytes(lower.as_bytes()), HeaderValue::from_bytes(&value)) else {
+            continue;
+        };
+        if name == CONTENT_TYPE && value.as_bytes().starts_with(b"text/event-stream") {
+            sse = true;
+        }
+        named |= name.as_str() == NODE_HEADER;
+        builder = builder.header(name, value);
+    }
+    if !named {
+        builder = builder.header(NODE_HEADER, node.to_string());
+    }
+    builder = builder.header(GATEWAY_MS_HEADER, format!("{:.3}", added.as_secs_f64() * 1000.0));
+    shared.metrics.count(&request.model, status.as_u16());
+    let metrics = shared.metrics.clone();
+    let labels = crate::metrics::DurationLabels { model: request.model.clone(), stream: request.stream };
+    let started = request.ready_at;
+    let on_end = Box::new(move |end: BodyEnd| {
+        metrics.duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        if end == BodyEnd::Broken {
+            metrics.broken.inc();
+        }
+    });
+    let body = TunnelBody::new(recv, sse && status.is_success(), node.to_string(), held, on_end);
+    builder.body(GatewayBody::Tunnel(Box::new(body))).unwrap_or_else(|e| {
+        ApiError::internal(format!("the node's response head could not be forwarded: {e}")).into_response()
+    })
+}

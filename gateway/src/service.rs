@@ -1,0 +1,222 @@
+//! The HTTP service: which path does what, who may call it, and the limits every API request
+//! passes before it is forwarded.
+//!
+//! | path | auth | what |
+//! |---|---|---|
+//! | `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` | key | forwarded to a node ([`crate::proxy`]) |
+//! | `GET /v1/models`, `/v1/models/{id}` | key | every model some node serves, OpenAI list shape |
+//! | `GET /status` | key, unless `--open-status` | the federation as JSON ([`crate::status`]) |
+//! | `GET /metrics` | key, unless `--open-status` | Prometheus text ([`crate::metrics`]) |
+//! | `GET /health` | none | `{"status":"ok"}` and counts, nothing secret |
+//! | `GET /` | none | the dashboard page (it fetches `/status` with the key it is given) |
+//!
+//! Order of checks for an API request: the key (401), the concurrency limit (429), the declared
+//! and then the actual body size (413) and the body's arrival time (408), the JSON and its
+//! `model` (400), then routing (404 for a model nobody serves, 503 when no node can take it).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use tela_runtime::RuntimeView;
+use tokio::sync::Semaphore;
+
+use crate::api_error::ApiError;
+use crate::auth::Access;
+use crate::body::{GatewayBody, Held};
+use crate::metrics::Metrics;
+use crate::proxy::{ApiRequest, ProxySettings};
+use crate::routing::NodeLoad;
+
+/// Limits against clients that send too much or too slowly.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// The longest a request's headers may take to arrive (the connection is closed after).
+    pub header_timeout: Duration,
+    /// The longest a request's body may take to arrive (408 after).
+    pub body_timeout: Duration,
+    /// API requests served at once (429 above).
+    pub max_concurrent: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 * 1024 * 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_concurrent: 1024,
+        }
+    }
+}
+
+/// What every request handler shares.
+pub struct Shared {
+    pub(crate) view: RuntimeView,
+    pub(crate) load: NodeLoad,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) access: Access,
+    pub(crate) open_status: bool,
+    pub(crate) limits: Limits,
+    pub(crate) proxy: ProxySettings,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) started: Instant,
+}
+
+impl Shared {
+    /// Shared state over the embedded anchor's `view`.
+    pub fn new(
+        view: RuntimeView,
+        metrics: Arc<Metrics>,
+        access: Access,
+        open_status: bool,
+        limits: Limits,
+        proxy: ProxySettings,
+    ) -> Shared {
+        Shared {
+            load: NodeLoad::new(metrics.in_flight.clone()),
+            view,
+            metrics,
+            access,
+            open_status,
+            permits: Arc::new(Semaphore::new(limits.max_concurrent)),
+            limits,
+            proxy,
+            started: Instant::now(),
+        }
+    }
+
+    pub(crate) fn anchor_view(&self) -> RuntimeView {
+        self.view.clone()
+    }
+
+    pub(crate) fn answer_error(&self, error: ApiError, model: &str) -> Response<GatewayBody> {
+        self.metrics.count(model, error.status.as_u16());
+        error.into_response()
+    }
+}
+
+/// The fields of an API request body the gateway reads; the rest passes through unread.
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    model: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+/// Serves one request.
+pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = match (path.as_str(), &method) {
+        ("/", &Method::GET) | ("/index.html", &Method::GET) => crate::dashboard::page(),
+        ("/health", &Method::GET) => crate::status::health(&shared),
+        ("/status", &Method::GET) => match authorize_status(&shared, &request) {
+            Ok(()) => crate::status::status(&shared),
+            Err(e) => e.into_response(),
+        },
+        ("/metrics", &Method::GET) => match authorize_status(&shared, &request) {
+            Ok(()) => metrics(&shared),
+            Err(e) => e.into_response(),
+        },
+        (p, m) if p.starts_with("/v1/") => match authorize(&shared, &request) {
+            Err(e) => shared.answer_error(e, "-"),
+            Ok(()) => match (p, m) {
+                ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", &Method::POST) => {
+                    api(&shared, request).await
+                }
+                ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", _) => {
+                    ApiError::method_not_allowed(m, p, "POST").into_response()
+                }
+                ("/v1/models", &Method::GET) => crate::status::models(&shared),
+                (p, &Method::GET) if p.starts_with("/v1/models/") => {
+                    crate::status::model(&shared, &p["/v1/models/".len()..])
+                }
+                _ => ApiError::no_such_path(m, p).into_response(),
+            },
+        },
+        ("/" | "/health" | "/status" | "/metrics", m) => ApiError::method_not_allowed(m, &path, "GET").into_response(),
+        (p, m) => ApiError::no_such_path(m, p).into_response(),
+    };
+    Ok(response)
+}
+
+fn authorize(shared: &Shared, request: &Request<Incoming>) -> Result<(), ApiError> {
+    let headers = request.headers();
+    shared
+        .access
+        .check(headers.get("authorization").map(|h| h.as_bytes()), headers.get("api-key").map(|h| h.as_bytes()))
+        .map_err(ApiError::unauthorized)
+}
+
+fn authorize_status(shared: &Shared, request: &Request<Incoming>) -> Result<(), ApiError> {
+    if shared.open_status {
+        return Ok(());
+    }
+    authorize(shared, request)
+}
+
+fn metrics(shared: &Shared) -> Response<GatewayBody> {
+    crate::status::refresh_node_gauges(shared);
+    let mut response = Response::new(GatewayBody::full(shared.metrics.encode()));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"));
+    response
+}
+
+/// An inference request: limits, the cheap parse, then forwarding.
+async fn api(shared: &Shared, request: Request<Incoming>) -> Response<GatewayBody> {
+    let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
+        return shared.answer_error(ApiError::overloaded(shared.limits.max_concurrent), "-");
+    };
+    let (parts, body) = request.into_parts();
+    let max = shared.limits.max_body_bytes;
+    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return shared.answer_error(ApiError::too_large(max), "-");
+    }
+    let body = match read_body(body, max, shared.limits.body_timeout).await {
+        Ok(b) => b,
+        Err(e) => return shared.answer_error(e, "-"),
+    };
+    let ready_at = Instant::now();
+    let peek: Peek<'_> = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return shared.answer_error(
+                ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}")),
+                "-",
+            )
+        }
+    };
+    let Some(model) = peek.model.filter(|m| !m.is_empty()).map(|m| m.into_owned()) else {
+        return shared
+            .answer_error(ApiError::bad_param("model", "the request has no 'model'; name one of GET /v1/models"), "-");
+    };
+    let stream = peek.stream.unwrap_or(false);
+    let held: Vec<Held> = vec![Box::new(permit)];
+    let request = ApiRequest { head: crate::proxy::tunnel_head(&parts), body, model, stream, ready_at, held };
+    crate::proxy::forward(shared, request).await
+}
+
+async fn read_body(body: Incoming, max: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, Limited::new(body, max).collect()).await {
+        Err(_) => Err(ApiError::body_timeout(timeout)),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::too_large(max)),
+        Ok(Err(e)) => Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            ..ApiError::bad_request("body_read_failed", format!("the request body could not be read: {e}"))
+        }),
+    }
+}

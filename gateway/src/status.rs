@@ -1,0 +1,219 @@
+//! What the gateway tells about the federation: `/health`, `/status` (JSON), `/v1/models`, and
+//! the terminal table of `tela status --gateway URL`.
+//!
+//! `/status` lists every node in this gateway's registry replica:
+//!
+//! ```json
+//! {"gateway": {"id": "…", "short": "…", "generation": 1, "state": "SERVE", "uptime_s": 12},
+//!  "models": ["llama"],
+//!  "nodes": [{"id": "…", "short": "1a2b3c4d", "role": "serving", "state": "SERVE",
+//!             "generation": 1733, "models": ["llama"], "alive": true, "routable": true,
+//!             "tunnel": true, "in_flight": 2, "reported_in_flight": 1,
+//!             "gpus": {"model": "H100", "count": 4, "vram_mib": 81920}, "reach": "outbound-only"}]}
+//! ```
+//!
+//! `in_flight` is this gateway's count; `reported_in_flight` what the node last gossiped.
+
+use std::time::Duration;
+
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::Response;
+use serde_json::{json, Value};
+use tela_core::{Lifecycle, Reachability};
+use tela_runtime::status::hex;
+
+use crate::api_error::ApiError;
+use crate::body::GatewayBody;
+use crate::metrics::StateLabel;
+use crate::service::Shared;
+
+fn json_response(value: &Value) -> Response<GatewayBody> {
+    let mut response = Response::new(GatewayBody::full(value.to_string()));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `GET /health`: liveness and counts only.
+pub fn health(shared: &Shared) -> Response<GatewayBody> {
+    let snapshot = shared.view.snapshot();
+    let serving = snapshot.replica().slots().iter().filter(|s| s.is_routable()).count();
+    json_response(&json!({"status": "ok", "serving_nodes": serving}))
+}
+
+/// `GET /status`: the federation table as JSON (see the module docs).
+pub fn status(shared: &Shared) -> Response<GatewayBody> {
+    json_response(&status_json(shared))
+}
+
+/// The `/status` document.
+pub fn status_json(shared: &Shared) -> Value {
+    let snapshot = shared.view.snapshot();
+    let local = snapshot.local();
+    let mut nodes: Vec<Value> = snapshot
+        .replica()
+        .slots()
+        .iter()
+        .map(|slot| {
+            let r = slot.record();
+            let tunnel = shared.view.connection(&r.id).is_some_and(|c| c.close_reason().is_none());
+            json!({
+                "id": hex(&r.id),
+                "short": r.id.to_string(),
+                "role": format!("{:?}", r.role).to_lowercase(),
+                "state": r.state.as_str(),
+                "generation": r.generation,
+                "models": r.models.as_slice().iter().map(|m| m.name.clone()).collect::<Vec<_>>(),
+                "alive": slot.is_alive(),
+                "routable": slot.is_routable(),
+                "tunnel": tunnel,
+                "in_flight": shared.load.get(&r.id),
+                "reported_in_flight": r.load.in_flight,
+                "gpus": {
+                    "model": format!("{:?}", r.hardware.gpu),
+                    "count": r.hardware.gpu_count,
+                    "vram_mib": r.hardware.vram_mib,
+                },
+                "reach": match &r.reach {
+                    Reachability::Public(a) => a.clone(),
+                    Reachability::OutboundOnly => "outbound-only".to_string(),
+                },
+                "self": r.id == local.id,
+            })
+        })
+        .collect();
+    nodes.sort_by(|a, b| (a["role"].as_str(), a["short"].as_str()).cmp(&(b["role"].as_str(), b["short"].as_str())));
+    json!({
+        "gateway": {
+            "id": hex(&local.id),
+            "short": local.id.to_string(),
+            "generation": local.generation,
+            "state": local.state.as_str(),
+            "uptime_s": shared.started.elapsed().as_secs(),
+        },
+        "models": crate::routing::models(&snapshot),
+        "nodes": nodes,
+    })
+}
+
+/// Sets the per-state node gauges from the latest snapshot (called at scrape time).
+pub fn refresh_node_gauges(shared: &Shared) {
+    let snapshot = shared.view.snapshot();
+    for state in [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left] {
+        let n = snapshot.replica().slots().iter().filter(|s| s.record().state == state).count();
+        shared.metrics.nodes.get_or_create(&StateLabel { state: state.as_str().to_string() }).set(n as i64);
+    }
+}
+
+fn model_object(name: &str, created: u64) -> Value {
+    json!({"id": name, "object": "model", "created": created, "owned_by": "tela"})
+}
+
+fn created() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `GET /v1/models`: every model some routable node serves.
+pub fn models(shared: &Shared) -> Response<GatewayBody> {
+    let snapshot = shared.view.snapshot();
+    let now = created();
+    let data: Vec<Value> = crate::routing::models(&snapshot).iter().map(|m| model_object(m, now)).collect();
+    shared.metrics.count("-", 200);
+    json_response(&json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`.
+pub fn model(shared: &Shared, id: &str) -> Response<GatewayBody> {
+    let snapshot = shared.view.snapshot();
+    let known = crate::routing::models(&snapshot);
+    if known.iter().any(|m| m == id) {
+        json_response(&model_object(id, created()))
+    } else {
+        shared.answer_error(ApiError::unknown_model(id, &known), "unknown")
+    }
+}
+
+/// A table for people from a `/status` document.
+pub fn format_table(status: &Value) -> String {
+    let g = &status["gateway"];
+    let mut out = format!(
+        "gateway {} generation {} {}, up {}s; models: {}\n",
+        g["short"].as_str().unwrap_or("?"),
+        g["generation"],
+        g["state"].as_str().unwrap_or("?"),
+        g["uptime_s"],
+        status["models"].as_array().map_or(String::new(), |m| m
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(", "))
+    );
+    out.push_str(&format!(
+        "{:<9} {:<8} {:<6} {:<9} {:<6} {:>9}  {:<16} {:<14} models\n",
+        "node", "role", "state", "routable", "tunnel", "in-flight", "gpus", "generation"
+    ));
+    for n in status["nodes"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let models: Vec<&str> =
+            n["models"].as_array().map(|m| m.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let routable = if n["routable"] == true {
+            "yes"
+        } else if n["alive"] == true {
+            "no"
+        } else {
+            "dead"
+        };
+        let gpus = match n["gpus"]["count"].as_u64() {
+            Some(0) | None => "-".to_string(),
+            Some(c) => format!("{}x {}", c, n["gpus"]["model"].as_str().unwrap_or("?")),
+        };
+        out.push_str(&format!(
+            "{:<9} {:<8} {:<6} {:<9} {:<6} {:>9}  {:<16} {:<14} {}\n",
+            n["short"].as_str().unwrap_or("?"),
+            n["role"].as_str().unwrap_or("?"),
+            n["state"].as_str().unwrap_or("?"),
+            routable,
+            if n["tunnel"] == true { "yes" } else { "no" },
+            n["in_flight"].to_string(),
+            gpus,
+            n["generation"].to_string(),
+            models.join(",")
+        ));
+    }
+    out
+}
+
+/// `tela status --gateway URL`: fetches `/status` over HTTP and returns the document.
+pub async fn fetch_status(url: &str, api_key: Option<&str>, timeout: Duration) -> anyhow::Result<Value> {
+    use anyhow::Context as _;
+    use http_body_util::BodyExt;
+    let base = url.trim_end_matches('/');
+    let uri: http::Uri = format!("{base}/status").parse().with_context(|| format!("'{url}' is not a URL"))?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("http"),
+        "only http:// gateway URLs are supported here; for https use: curl -H 'Authorization: Bearer KEY' {base}/status"
+    );
+    let host = uri.host().context("the gateway URL has no host")?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let run = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .with_context(|| format!("cannot connect to {host}:{port}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let driver = tokio::spawn(conn);
+        let mut req = http::Request::get(uri.clone()).header("host", format!("{host}:{port}"));
+        if let Some(key) = api_key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let response = sender.send_request(req.body(http_body_util::Empty::<bytes::Bytes>::new())?).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        driver.abort();
+        let value: Value = serde_json::from_slice(&body)
+            .with_context(|| format!("the gateway answered {status} with a body that is not JSON"))?;
+        if !status.is_success() {
+            let message = value["error"]["message"].as_str().unwrap_or("no message");
+            anyhow::bail!("the gateway answered {status}: {message} (pass --api-key or TELA_API_KEY)");
+        }
+        Ok(value)
+    };
+    tokio::time::timeout(timeout, run).await.map_err(|_| anyhow::anyhow!("no answer from {url} within {timeout:?}"))?
+}
