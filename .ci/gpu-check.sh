@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU discovery on a real NVIDIA machine: builds `tela` (unless TELA_BIN points at one) and
+# prints what `tela node` would announce, next to what the driver itself reports.
+#
+#   .ci/gpu-check.sh                  # build, then discover
+#   TELA_BIN=/path/to/tela .ci/gpu-check.sh
+#   CUDA_VISIBLE_DEVICES=1 .ci/gpu-check.sh   # discovery respects it, as the engine does
+#
+# Exits non-zero when a driver is present (nvidia-smi works) but discovery fell back to the
+# hardware profile, or found a different number of GPUs than nvidia-smi lists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${TELA_BIN:-}" ]; then
+  echo "=== building tela"
+  cargo build --release -p tela-gateway --bin tela
+  TELA_BIN=${CARGO_TARGET_DIR:-target}/release/tela
+fi
+
+echo "=== tela hardware"
+"$TELA_BIN" hardware --hardware-profile cpu
+echo "=== tela hardware --json"
+json=$("$TELA_BIN" hardware --json --hardware-profile cpu)
+echo "$json"
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "=== no working nvidia-smi: nothing to compare (the fallback above is the expected result)"
+  exit 0
+fi
+echo "=== nvidia-smi -L"
+nvidia-smi -L
+echo "=== nvidia-smi --query-gpu=index,name,memory.total --format=csv"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv
+echo "=== nvidia-smi nvlink --status (first lines)"
+nvidia-smi nvlink --status 2>/dev/null | head -20 || true
+echo "=== nvidia-smi topo -m"
+nvidia-smi topo -m 2>/dev/null || true
+
+kind=$(printf '%s' "$json" | sed -n 's/.*"kind":"\([a-z]*\)".*/\1/p')
+count=$(printf '%s' "$json" | sed -n 's/.*"gpu_count":\([0-9]*\).*/\1/p')
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+  expected=$(nvidia-smi -L | wc -l)
+  echo "=== CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: not comparing the count with nvidia-smi ($expected GPUs present)"
+  expected=$count
+else
+  expected=$(nvidia-smi -L | wc -l)
+fi
+if [ "$kind" != "nvml" ]; then
+  echo "FAIL: a driver is present but discovery fell back to the hardware profile" >&2
+  exit 1
+fi
+if [ "$count" != "$expected" ]; then
+  echo "FAIL: discovery found $count GPUs, nvidia-smi lists $expected" >&2
+  exit 1
+fi
+echo "OK: NVML discovery found $count GPU(s)"
