@@ -17,7 +17,7 @@ use serde_json::Value;
 async fn a_killed_node_fails_only_its_own_stream_and_is_avoided_within_a_second() {
     within(120, async {
         let mut fed = Fed::start(Options {
-            engines: vec![paced(20.0), paced(20.0), paced(20.0)],
+            engines: vec![paced(10.0), paced(10.0), paced(10.0)],
             node_args: vec!["--transport", "tcp"],
             ..Options::default()
         })
