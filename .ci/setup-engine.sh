@@ -9,7 +9,8 @@
 # Use it as:  eval "$(.ci/setup-engine.sh | grep '^export ')"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE=$PWD/.ci/cache
+# TELA_ENGINE_CACHE moves the cache elsewhere (e.g. to share one build between clones).
+CACHE=${TELA_ENGINE_CACHE:-$PWD/.ci/cache}
 VENV=$CACHE/venv
 MODELS=$CACHE/models
 LLAMA_VERSION=0.3.36

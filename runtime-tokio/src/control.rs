@@ -86,16 +86,25 @@ impl ControlServer {
         tracing::info!("control socket at {} (tela drain / tela status --control {0})", path.display());
         let (inputs, view) = (runtime.inputs(), runtime.view());
         let task = tokio::spawn(async move {
+            // Requests are served by tasks this one owns, each bounded in time, so a stuck
+            // client can hold up neither the next request nor shutdown.
+            let mut requests = tokio::task::JoinSet::new();
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let (inputs, view) = (inputs.clone(), view.clone());
-                // Each request is bounded; a stuck client cannot hold up the next.
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, serve(stream, inputs, view)).await;
-                });
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            let (inputs, view) = (inputs.clone(), view.clone());
+                            requests.spawn(async move {
+                                let _ = tokio::time::timeout(REQUEST_TIMEOUT, serve(stream, inputs, view)).await;
+                            });
+                        }
+                        Err(e) => {
+                            tracing::debug!("control socket accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                    Some(_) = requests.join_next(), if !requests.is_empty() => {}
+                }
             }
         });
         Ok(ControlServer { path: path.to_path_buf(), _task: AbortOnDropHandle::new(task) })

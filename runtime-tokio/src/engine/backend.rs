@@ -107,7 +107,10 @@ impl Backend {
         http.set_connect_timeout(Some(Duration::from_secs(5)));
         http.set_keepalive(Some(Duration::from_secs(60)));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Below the 5 s keep-alive of uvicorn (vLLM, SGLang, llama-cpp-python) and the
+            // llama.cpp server: reusing a connection the engine is closing at that moment fails
+            // a request whose body cannot be replayed.
+            .pool_idle_timeout(Duration::from_secs(4))
             .pool_max_idle_per_host(64)
             .build(http);
         Ok(Backend { url: url.to_string(), scheme_authority: format!("http://{authority}"), prefix, client })
