@@ -79,6 +79,7 @@ async fn a_node_that_vanishes_over_quic_is_dropped_after_the_idle_timeout() {
             engines: vec![engine(&[MODEL]), engine(&[MODEL])],
             node_args: vec!["--transport", "quic"],
             tune: |c| c.node_idle_timeout = Duration::from_secs(2),
+            ..Options::default()
         })
         .await;
         let victim = fed.nodes[0].id.to_string();

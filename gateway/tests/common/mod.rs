@@ -108,6 +108,16 @@ impl Drop for NodeProc {
     }
 }
 
+/// A child process killed when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `tela node` joining `join`, in front of the engine at `engine`.
 pub fn spawn_node(dir: &Path, name: &str, join: &[String], engine: SocketAddr, extra: &[&str]) -> NodeProc {
     let key = dir.join(format!("{name}.key"));
@@ -142,11 +152,13 @@ pub struct Options {
     pub node_args: Vec<&'static str>,
     /// Adjusts the gateway's configuration.
     pub tune: fn(&mut GatewayConfig),
+    /// TLS certificate and key for the gateway.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { engines: vec![engine(&[MODEL]), engine(&[MODEL])], node_args: vec![], tune: |_| {} }
+        Options { engines: vec![engine(&[MODEL]), engine(&[MODEL])], node_args: vec![], tune: |_| {}, tls: None }
     }
 }
 
@@ -183,6 +195,7 @@ impl Fed {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = gateway_config(dir.path());
         (options.tune)(&mut config);
+        config.tls = options.tls.clone();
         let gateway = Gateway::start(config).await.expect("gateway starts");
         let mut fed = Fed { gateway, nodes: Vec::new(), engines: Vec::new(), dir };
         for engine in options.engines {
