@@ -69,9 +69,19 @@
 //!     cargo test -p tela-runtime --lib --release loom
 //! ```
 //!
-//! Under `--cfg loom` only these three modules are compiled (and only `tela-core`, `loom`
-//! and `thiserror` among the dependencies), so the run takes seconds to build; the separate
+//! Under `--cfg loom` only these three modules are compiled (and only `tela-core` and `loom`
+//! among the dependencies), so the run takes seconds to build; the separate
 //! target directory keeps it from invalidating the normal build.
+//!
+//! # Tests
+//!
+//! `tests/` holds one file per behaviour, each starting real `tela` processes on loopback
+//! (built on first use with the same cargo and target directory, or taken from `$TELA_BIN`)
+//! and, where it needs one, an anchor embedded in the test process. Every child is killed
+//! when its test ends and every wait is bounded. `real_engine_llama_cpp` needs the engine
+//! that `.ci/setup-engine.sh` installs: export the two variables it prints
+//! (`TELA_LLAMA_PYTHON`, `TELA_LLAMA_MODEL`); without them it prints a "skipped" line, and
+//! fails when `CI=true`.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
