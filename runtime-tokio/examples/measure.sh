@@ -30,7 +30,8 @@ ts() { # the timestamp of the first line of $1 matching $2, in seconds since 197
 wait_for "$DIR/anchor.log" "listening" 10
 ADDR=$(grep -m1 listening "$DIR/anchor.log" | grep -o 'addr=[0-9.:]*' | cut -d= -f2)
 
-# The engine answers 503 for its first 2 s (loading), so "ready" is a moment we can see.
+# The engine answers 503 for its first 2 s (loading), so the moment it becomes ready is known:
+# 2 s after it logs that it listens.
 "$TELA" engine-sim --port 0 --model measured --startup-delay-ms 2000 > "$DIR/engine.out" 2> "$DIR/engine.log" & PIDS+=($!)
 wait_for "$DIR/engine.out" "listening on" 10
 URL=$(sed -n 's/^listening on //p' "$DIR/engine.out")
@@ -42,7 +43,9 @@ NODE_ID=$(sed -n 's/.*identity \([0-9a-f]*\) from.*/\1/p' "$DIR/node.log" | head
 wait_for "$DIR/anchor.log" "node $NODE_ID is routable" 20
 ready=$(ts "$DIR/node.log" "is ready, serving")
 serve=$(ts "$DIR/anchor.log" "node $NODE_ID is routable")
-echo "engine ready -> SERVE seen by the anchor: $(ms "$ready" "$serve" 1) ms"
+answering=$(awk -v t="$(ts "$DIR/engine.log" "listening on")" 'BEGIN { printf "%.6f", t + 2.0 }')
+echo "engine ready (its first 200) -> SERVE seen by the anchor: $(ms "$answering" "$serve" 1) ms (probe every 100 ms; at most one probe interval plus this)"
+echo "node sees the engine ready -> SERVE seen by the anchor: $(ms "$ready" "$serve" 1) ms"
 
 sleep 10
 echo "node RSS after 10 s idle: $(grep VmRSS /proc/$NODE/status | awk '{print $2, $3}') (VmHWM $(grep VmHWM /proc/$NODE/status | awk '{print $2, $3}'))"
