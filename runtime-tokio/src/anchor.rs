@@ -138,7 +138,7 @@ pub struct AnchorArgs {
     #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
     pub transport: TransportMode,
 
-    /// Identity key file (created on first run) [default: <config dir>/tela/anchor.key].
+    /// Identity key file (created on first run) [default: ~/.config/tela/anchor.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
     pub identity: Option<PathBuf>,
 

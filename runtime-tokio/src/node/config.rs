@@ -71,7 +71,7 @@ pub struct NodeArgs {
     #[arg(long, env = "TELA_TRANSPORT", value_name = "auto|quic|tcp")]
     pub transport: Option<String>,
 
-    /// Identity key file, created on first run [default: <config dir>/tela/identity.key].
+    /// Identity key file, created on first run [default: ~/.config/tela/identity.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
     pub identity: Option<PathBuf>,
 
