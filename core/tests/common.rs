@@ -64,3 +64,21 @@ pub fn agreed_state(h: &Harness, of: NodeId) -> Option<(u64, Lifecycle)> {
 }
 
 pub const LONG: Duration = Duration::from_secs(60);
+
+/// `n` public nodes at 5% loss, all dialled to node 1, nodes 2..=n serving model "m"; returns
+/// once every node routes to every serving node and all views agree.
+pub fn federation(n: u64, seed: u64) -> Harness {
+    let mut h = Harness::new(seed);
+    h.set_loss(0.05);
+    for i in 1..=n {
+        h.add(public(i));
+    }
+    for i in 2..=n {
+        h.connect(id(1), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    let all = (n - 1) as usize;
+    let ready = |h: &Harness| views_agree(h) && h.running().all(|x| h.node(x).replica().serving("m").len() == all);
+    assert!(h.run_until(LONG, ready), "{n} nodes did not converge (seed {seed})");
+    h
+}

@@ -4,23 +4,7 @@
 mod common;
 use common::*;
 use std::time::Duration;
-use tela_core::harness::Harness;
 use tela_core::{Command, Input, Lifecycle, Load};
-
-fn federation(n: u64, seed: u64) -> Harness {
-    let mut h = Harness::new(seed);
-    h.set_loss(0.05);
-    for i in 1..=n {
-        h.add(public(i));
-    }
-    for i in 2..=n {
-        h.connect(id(1), id(i));
-        serve(&mut h, i, &["m"]);
-    }
-    let all = (n - 1) as usize;
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("m").len() == all)));
-    h
-}
 
 #[test]
 fn drained_node_is_seen_down_then_left_by_everyone() {

@@ -3,23 +3,8 @@
 
 mod common;
 use common::*;
-use tela_core::harness::Harness;
 use tela_core::wire::{encode_unbounded, Message};
 use tela_core::{Input, Lifecycle};
-
-fn federation(n: u64, seed: u64) -> Harness {
-    let mut h = Harness::new(seed);
-    h.set_loss(0.05);
-    for i in 1..=n {
-        h.add(public(i));
-    }
-    for i in 2..=n {
-        h.connect(id(1), id(i));
-        serve(&mut h, i, &["m"]);
-    }
-    assert!(h.run_until(LONG, views_agree));
-    h
-}
 
 #[test]
 fn restarted_node_replaces_its_old_record_everywhere() {
