@@ -1,8 +1,9 @@
 //! The seed corpus in `corpus/<target>/`: how each seed is built, a test that each does what its
-//! name says, and an ignored test that rewrites the files:
+//! name says, and a test that the committed files match their builders, which rewrites them
+//! when asked:
 //!
 //! ```text
-//! cargo test -p tela-fuzz --lib -- --ignored write_seed_corpus
+//! TELA_WRITE_SEEDS=1 cargo test -p tela-fuzz --lib committed_seeds_match_their_builders
 //! ```
 
 use crate::facade::{drive, op, OWN};
@@ -314,28 +315,24 @@ fn scripted_seeds_do_what_their_names_say() {
     assert!(run("malformed_datagrams").rejected >= 3);
 }
 
+/// Checks that every committed seed is what its builder makes; with `TELA_WRITE_SEEDS=1` it
+/// rewrites the files instead (after a seed or the wire format changed).
 #[test]
 fn committed_seeds_match_their_builders() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-    for (target, seeds) in all_seeds() {
-        for (name, bytes) in seeds {
-            let path = dir.join(target).join(name);
-            let on_disk =
-                std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; rewrite the corpus", path.display()));
-            assert!(on_disk == bytes, "{} is stale; rewrite the corpus", path.display());
-        }
-    }
-}
-
-#[test]
-#[ignore = "rewrites corpus/; run by hand after changing a seed"]
-fn write_seed_corpus() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let rewrite = std::env::var_os("TELA_WRITE_SEEDS").is_some();
     for (target, seeds) in all_seeds() {
         let target_dir = dir.join(target);
-        std::fs::create_dir_all(&target_dir).expect("create the corpus directory");
         for (name, bytes) in seeds {
-            std::fs::write(target_dir.join(name), bytes).expect("write a seed");
+            let path = target_dir.join(name);
+            if rewrite {
+                std::fs::create_dir_all(&target_dir).expect("create the corpus directory");
+                std::fs::write(&path, &bytes).expect("write a seed");
+                continue;
+            }
+            let on_disk = std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}; rewrite the corpus with TELA_WRITE_SEEDS=1", path.display()));
+            assert!(on_disk == bytes, "{} is stale; rewrite the corpus with TELA_WRITE_SEEDS=1", path.display());
         }
     }
 }
