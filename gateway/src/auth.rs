@@ -227,8 +227,9 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     Some((meta.modified().ok()?, meta.len()))
 }
 
-/// Print the key-file line for an API key (read from stdin), or make a new key with
-/// --generate and print both.
+/// Print the key-file line for an API key read from stdin, or make a new key with --generate
+/// (the key goes to stderr, for you to hand out; only its hash goes to stdout, so
+/// `tela gateway hash-key --generate >> keys` stores no key).
 #[derive(Debug, Clone, clap::Args)]
 pub struct HashKeyArgs {
     /// Make a new random key instead of reading one from stdin.
@@ -241,7 +242,7 @@ impl HashKeyArgs {
     pub fn run(self) -> anyhow::Result<()> {
         let key = if self.generate {
             let key = generate_key();
-            println!("# key (give it to the client; it is not stored anywhere): {key}");
+            eprintln!("new API key (hand it to the client; only its hash is printed below): {key}");
             key
         } else {
             let mut line = String::new();

@@ -192,6 +192,10 @@ pub struct StatusCommand {
     #[arg(long, env = "TELA_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
 
+    /// Also trust this CA certificate (PEM) for an https:// gateway.
+    #[arg(long, value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
+
     #[command(flatten)]
     local: tela_runtime::control::StatusArgs,
 }
@@ -202,7 +206,9 @@ impl StatusCommand {
         let Some(url) = &self.gateway else {
             return self.local.run().await.context("tela status");
         };
-        let status = crate::status::fetch_status(url, self.api_key.as_deref(), Duration::from_secs(10)).await?;
+        let status =
+            crate::status::fetch_status(url, self.api_key.as_deref(), self.ca_cert.as_deref(), Duration::from_secs(10))
+                .await?;
         if self.local.json {
             println!("{status}");
         } else {

@@ -35,6 +35,9 @@ use crate::proxy::ProxySettings;
 use crate::server::TlsError;
 use crate::service::{Limits, Shared};
 
+/// How long a stopping gateway spends announcing that it leaves.
+const LEAVE_WITHIN: Duration = Duration::from_secs(3);
+
 /// Who may call the API.
 #[derive(Clone, Debug)]
 pub enum AuthConfig {
@@ -239,13 +242,19 @@ impl Gateway {
     }
 
     /// Stops accepting, lets open responses finish (up to the shutdown grace), then leaves the
-    /// federation's connections.
+    /// federation: its record goes DOWN and LEFT, so that nodes stop redialling it (a gateway
+    /// that is killed instead keeps being redialled, with backoff, until it returns).
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
-        let _ = self.anchor.runtime().inputs().shutdown().await;
-        self.anchor.runtime_mut().wait().await;
+        let runtime = self.anchor.runtime_mut();
+        let _ = runtime.inputs().drain().await;
+        if tokio::time::timeout(LEAVE_WITHIN, runtime.wait()).await.is_err() {
+            tracing::warn!("the gateway did not finish leaving the federation within {LEAVE_WITHIN:?}; closing");
+            let _ = runtime.inputs().shutdown().await;
+            runtime.wait().await;
+        }
     }
 }

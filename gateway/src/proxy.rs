@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use tela_core::{NodeId, RouteError};
-use tela_transports::tunnel::{read_response_head, write_request_head, RequestHead, ResponseHead};
+use tela_transports::tunnel::{encode_head, read_response_head, RequestHead, ResponseHead};
 use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -182,10 +182,11 @@ async fn attempt(conn: &Connection, request: &ApiRequest, write_timeout: Duratio
             .await
             .map_err(|e| Failure { reason: "tunnel", detail: format!("cannot open a stream: {e}") })?;
         let io = |e: std::io::Error| Failure { reason: "tunnel", detail: format!("writing the request failed: {e}") };
-        write_request_head(&mut send, &request.head)
-            .await
-            .map_err(|e| Failure { reason: "tunnel", detail: format!("writing the request failed: {e}") })?;
-        send.write_all(&request.body).await.map_err(io)?;
+        // Head and body in one write: one frame (TCP) or one packet (QUIC) for most requests.
+        let mut wire = encode_head(&request.head)
+            .map_err(|e| Failure { reason: "tunnel", detail: format!("the request head cannot be sent: {e}") })?;
+        wire.extend_from_slice(&request.body);
+        send.write_all(&wire).await.map_err(io)?;
         send.shutdown().await.map_err(io)?;
         Ok::<_, Failure>(recv)
     };

@@ -181,32 +181,53 @@ pub fn format_table(status: &Value) -> String {
     out
 }
 
-/// `tela status --gateway URL`: fetches `/status` over HTTP and returns the document.
-pub async fn fetch_status(url: &str, api_key: Option<&str>, timeout: Duration) -> anyhow::Result<Value> {
+/// `tela status --gateway URL`: fetches `/status` over HTTP or HTTPS and returns the document.
+/// HTTPS trusts the system's certificate store, plus `ca_cert` (PEM) when given.
+pub async fn fetch_status(
+    url: &str,
+    api_key: Option<&str>,
+    ca_cert: Option<&std::path::Path>,
+    timeout: Duration,
+) -> anyhow::Result<Value> {
     use anyhow::Context as _;
     use http_body_util::BodyExt;
     let base = url.trim_end_matches('/');
     let uri: http::Uri = format!("{base}/status").parse().with_context(|| format!("'{url}' is not a URL"))?;
-    anyhow::ensure!(
-        uri.scheme_str() == Some("http"),
-        "only http:// gateway URLs are supported here; for https use: curl -H 'Authorization: Bearer KEY' {base}/status"
-    );
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => anyhow::bail!("'{url}' is not an http:// or https:// URL"),
+    };
     let host = uri.host().context("the gateway URL has no host")?.to_string();
-    let port = uri.port_u16().unwrap_or(80);
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let run = async {
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
             .with_context(|| format!("cannot connect to {host}:{port}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        let driver = tokio::spawn(conn);
-        let mut req = http::Request::get(uri.clone()).header("host", format!("{host}:{port}"));
+        let mut req = http::Request::get(uri.path()).header("host", format!("{host}:{port}"));
         if let Some(key) = api_key {
             req = req.header("authorization", format!("Bearer {key}"));
         }
-        let response = sender.send_request(req.body(http_body_util::Empty::<bytes::Bytes>::new())?).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        driver.abort();
+        let req = req.body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let response = if https {
+            let tls = tls_connector(ca_cert)?;
+            let name = rustls_pki_types::ServerName::try_from(host.clone())
+                .with_context(|| format!("'{host}' is not a valid TLS server name"))?;
+            let stream = tls.connect(name, tcp).await.with_context(|| format!("TLS handshake with {host}:{port}"))?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+            let _driver = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(conn));
+            let response = sender.send_request(req).await?;
+            let status = response.status();
+            (status, response.into_body().collect().await?.to_bytes())
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+            let _driver = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(conn));
+            let response = sender.send_request(req).await?;
+            let status = response.status();
+            (status, response.into_body().collect().await?.to_bytes())
+        };
+        let (status, body) = response;
         let value: Value = serde_json::from_slice(&body)
             .with_context(|| format!("the gateway answered {status} with a body that is not JSON"))?;
         if !status.is_success() {
@@ -216,4 +237,29 @@ pub async fn fetch_status(url: &str, api_key: Option<&str>, timeout: Duration) -
         Ok(value)
     };
     tokio::time::timeout(timeout, run).await.map_err(|_| anyhow::anyhow!("no answer from {url} within {timeout:?}"))?
+}
+
+/// A TLS client trusting the system's roots and `ca_cert`.
+fn tls_connector(ca_cert: Option<&std::path::Path>) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    use anyhow::Context as _;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for cert in native.certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_cert {
+        for cert in rustls_pki_types::CertificateDer::pem_file_iter(path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+        {
+            roots.add(cert.with_context(|| format!("bad certificate in {}", path.display()))?)?;
+        }
+    }
+    anyhow::ensure!(!roots.is_empty(), "no trusted certificates: pass --ca-cert with the gateway's CA (PEM)");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)))
 }

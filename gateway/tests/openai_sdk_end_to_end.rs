@@ -66,7 +66,14 @@ async fn no_capacity_gateway(fed: &Fed) -> Gateway {
     }
 }
 
-fn run_pytest(python: &PathBuf, fed: &Fed, no_capacity: &Gateway, model: &str, engine: &str, broken: Option<&str>) {
+fn run_pytest(
+    python: &PathBuf,
+    fed: &Fed,
+    no_capacity: &Gateway,
+    model: &str,
+    engine: &str,
+    broken: Option<&str>,
+) -> Result<(), String> {
     let suite = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
@@ -87,7 +94,11 @@ fn run_pytest(python: &PathBuf, fed: &Fed, no_capacity: &Gateway, model: &str, e
     let out = cmd.output().expect("run pytest");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let _ = writeln!(std::io::stderr(), "pytest ({engine}):\n{text}");
-    assert!(out.status.success(), "the OpenAI SDK suite failed against the {engine} federation:\n{text}");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("the OpenAI SDK suite failed against the {engine} federation:\n{text}"))
+    }
 }
 
 fn tune(c: &mut tela_gateway::gateway::GatewayConfig) {
@@ -111,8 +122,11 @@ async fn openai_sdk_against_engine_simulators() {
         fed.wait_routable(3).await;
         let b = no_capacity_gateway(&fed).await;
         let python = python.clone();
-        tokio::task::block_in_place(|| run_pytest(&python, &fed, &b, MODEL, "sim", Some("broken-model")));
+        let result = tokio::task::block_in_place(|| run_pytest(&python, &fed, &b, MODEL, "sim", Some("broken-model")));
         b.shutdown().await;
+        if let Err(e) = result {
+            panic!("{e}");
+        }
     })
     .await;
 }
@@ -158,8 +172,15 @@ async fn openai_sdk_against_llama_cpp() {
         }
         let b = no_capacity_gateway(&fed).await;
         let python = python.clone();
-        tokio::task::block_in_place(|| run_pytest(&python, &fed, &b, "smollm2", "llama", None));
+        let result = tokio::task::block_in_place(|| run_pytest(&python, &fed, &b, "smollm2", "llama", None));
         b.shutdown().await;
+        // SIGTERM, not SIGKILL: the node stops the engine it launched before it exits.
+        let mut fed = fed;
+        let code = fed.nodes[0].terminate(Duration::from_secs(60)).await;
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+        assert_eq!(code, Some(0), "{}", fed.nodes[0].log_text());
     })
     .await;
 }

@@ -21,7 +21,7 @@ async fn clients_reach_the_api_over_tls() {
         std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
         let fed = Fed::start(Options {
             engines: vec![engine(&[MODEL])],
-            tls: Some((cert_path, key_path)),
+            tls: Some((cert_path.clone(), key_path)),
             ..Options::default()
         })
         .await;
@@ -60,6 +60,16 @@ async fn clients_reach_the_api_over_tls() {
             let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
             assert_eq!(v["data"][0]["id"], MODEL);
         }
+
+        // `tela status` reads an https:// gateway, trusting the given CA.
+        let url = format!("https://localhost:{}", fed.gateway.local_addr().port());
+        let out = std::process::Command::new(tela())
+            .args(["status", "--gateway", &url, "--api-key", KEY, "--ca-cert"])
+            .arg(&cert_path)
+            .output()
+            .expect("run tela status");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("SERVE"));
     })
     .await;
 }

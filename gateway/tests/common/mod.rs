@@ -78,6 +78,13 @@ impl NodeProc {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM (the node drains, stops an engine it launched, and exits); waits for the exit.
+    pub async fn terminate(&mut self, within: Duration) -> Option<i32> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(within).await
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -1,0 +1,451 @@
+//! `tela-load`: the gateway's overhead, side by side with vllm-router, on loopback.
+//!
+//! One run starts two built-in engine simulators (`tela engine-sim`, no time to first token,
+//! a million tokens per second, so that what is measured is the path and not the engine) and
+//! sends the same chat requests three ways:
+//!
+//! - **direct** — to the engines themselves (round-robin by the client): the baseline;
+//! - **tela** — through `tela gateway` → tunnel → `tela node` → engine (two nodes, QUIC);
+//! - **vllm-router** — through vllm-router (`--policy power_of_two`) in front of the same engines,
+//!   when its `vllm-router` command is found (`benches/setup-vllm-router.sh` installs 0.1.17).
+//!
+//! For each: concurrency 1 and 32, streamed and not, each worker on one keep-alive HTTP/1.1
+//! connection with `TCP_NODELAY` (a per-stream stall on keep-alive connections shows up as
+//! ~40 ms at p50). Latency is request sent to last body byte; "added" is the path's percentile
+//! minus the direct one. The gateway's resident memory is read from `/proc` when idle and
+//! after the load. Every phase is bounded in requests and in time, and every process started
+//! is killed on exit.
+//!
+//! ```text
+//! cargo build --release -p tela-gateway -p tela-benches
+//! benches/setup-vllm-router.sh            # optional: vllm-router 0.1.17 into .ci/cache/bench-venv
+//! target/release/tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH]
+//!                           [--node-transport auto|quic|tcp]
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+const MODEL: &str = "bench";
+const KEY: &str = "tela-load-benchmark-key";
+const SECRET: &str = "tela-load benchmark secret";
+/// A request not answered within this counts as an error (and its connection is replaced).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Children killed on drop.
+struct Procs(Vec<(String, Child)>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Procs {
+    /// Starts a process and returns its stdout's first lines (`lines` of them).
+    fn spawn(&mut self, name: &str, cmd: &mut Command, lines: usize) -> Result<(u32, Vec<String>)> {
+        // A pipe nobody reads fills up and blocks the child: only pipe what is read.
+        let stdout = if lines > 0 { Stdio::piped() } else { Stdio::null() };
+        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn()?;
+        let pid = child.id();
+        let mut out = Vec::new();
+        if lines > 0 {
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let mut reader = BufReader::new(stdout);
+            for _ in 0..lines {
+                let mut line = String::new();
+                reader.read_line(&mut line)?;
+                out.push(line.trim().to_string());
+            }
+            // Keep reading (and discarding) so that the child never blocks on a full pipe.
+            std::thread::spawn(move || for _ in reader.lines() {});
+        }
+        self.0.push((name.to_string(), child));
+        Ok((pid, out))
+    }
+}
+
+struct Args {
+    tela: PathBuf,
+    vllm_router: Option<PathBuf>,
+    requests: usize,
+    seconds: f64,
+    node_transport: String,
+}
+
+fn parse_args() -> Result<Args> {
+    let exe = std::env::current_exe()?;
+    let mut args = Args {
+        tela: exe.with_file_name("tela"),
+        vllm_router: find_vllm_router(),
+        requests: 20_000,
+        seconds: 10.0,
+        node_transport: "auto".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--tela" => args.tela = PathBuf::from(value()?),
+            "--vllm-router" => args.vllm_router = Some(PathBuf::from(value()?)),
+            "--no-vllm-router" => args.vllm_router = Some(PathBuf::new()),
+            "--requests" => args.requests = value()?.parse()?,
+            "--seconds" => args.seconds = value()?.parse()?,
+            "--node-transport" => args.node_transport = value()?,
+            "-h" | "--help" => {
+                println!(
+                    "tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH | --no-vllm-router] \
+                     [--node-transport auto|quic|tcp]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other} (see --help)").into()),
+        }
+    }
+    if !args.tela.exists() {
+        return Err(format!(
+            "{} not found: cargo build --release -p tela-gateway, or pass --tela",
+            args.tela.display()
+        )
+        .into());
+    }
+    Ok(args)
+}
+
+fn find_vllm_router() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/cache/bench-venv/bin/vllm-router");
+    if venv.exists() {
+        return Some(venv);
+    }
+    let out = Command::new("sh").args(["-c", "command -v vllm-router"]).output().ok()?;
+    out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+fn body(stream: bool) -> Bytes {
+    Bytes::from(
+        serde_json::json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Benchmark prompt: say something."}],
+            "max_tokens": 16,
+            "stream": stream,
+        })
+        .to_string(),
+    )
+}
+
+/// Waits until `GET url` answers 200 (bounded).
+async fn ready(
+    addr: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+    within: Duration,
+    check: impl Fn(&[u8]) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(mut s) = connect(addr).await {
+            let mut req = hyper::Request::get(path).header("host", addr.to_string());
+            if let Some(k) = key {
+                req = req.header("authorization", format!("Bearer {k}"));
+            }
+            if let Ok(resp) = s.send_request(req.body(Full::new(Bytes::new()))?).await {
+                let ok = resp.status() == 200;
+                let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                if ok && check(&bytes) {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{addr}{path} not ready within {within:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Outcome {
+    latencies: Vec<Duration>,
+    errors: usize,
+    wall: Duration,
+}
+
+/// `concurrency` workers, each on its own keep-alive connection to one of `targets` (in turn),
+/// until `requests` are done or `seconds` have passed.
+async fn load(
+    targets: &[SocketAddr],
+    concurrency: usize,
+    stream: bool,
+    requests: usize,
+    seconds: f64,
+    key: Option<&str>,
+) -> Result<Outcome> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let per_worker = requests.div_ceil(concurrency);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let addr = targets[w % targets.len()];
+        let key = key.map(str::to_string);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_worker);
+            let mut errors = 0;
+            let Ok(mut sender) = connect(addr).await else { return (lat, per_worker) };
+            let payload = body(stream);
+            for _ in 0..per_worker {
+                if Instant::now() > deadline {
+                    break;
+                }
+                let mut req = hyper::Request::post("/v1/chat/completions")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/json");
+                if let Some(k) = &key {
+                    req = req.header("authorization", format!("Bearer {k}"));
+                }
+                let Ok(req) = req.body(Full::new(payload.clone())) else { break };
+                let t0 = Instant::now();
+                let exchange = async {
+                    sender.ready().await.ok()?;
+                    let resp = sender.send_request(req).await.ok()?;
+                    let status = resp.status();
+                    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+                    (status == 200 && !bytes.is_empty()).then_some(())
+                };
+                let ok = tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.ok().flatten();
+                match ok {
+                    Some(()) => lat.push(t0.elapsed()),
+                    None => {
+                        errors += 1;
+                        match connect(addr).await {
+                            Ok(s) => sender = s,
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await?;
+        latencies.extend(l);
+        errors += e;
+    }
+    latencies.sort();
+    Ok(Outcome { latencies, errors, wall: started.elapsed() })
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = parse_args()?;
+    let dir = std::env::temp_dir().join(format!("tela-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _cleanup = Cleanup(dir.clone());
+    let mut procs = Procs(Vec::new());
+
+    // Two engines.
+    let mut engines = Vec::new();
+    for i in 0..2 {
+        let (_, lines) = procs.spawn(
+            &format!("engine {i}"),
+            Command::new(&args.tela).args([
+                "engine-sim",
+                "--port",
+                "0",
+                "--model",
+                MODEL,
+                "--ttft-ms",
+                "0",
+                "--tokens-per-s",
+                "1000000",
+            ]),
+            1,
+        )?;
+        let url = lines[0].strip_prefix("listening on http://").ok_or("unexpected engine-sim output")?;
+        engines.push(url.parse::<SocketAddr>()?);
+    }
+
+    // Tela: gateway + two nodes.
+    let keys = dir.join("keys");
+    let hashed =
+        Command::new(&args.tela).args(["gateway", "hash-key"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+    let hashed = {
+        let mut hashed = hashed;
+        use std::io::Write;
+        hashed.stdin.take().ok_or("stdin")?.write_all(format!("{KEY}\n").as_bytes())?;
+        hashed.wait_with_output()?
+    };
+    std::fs::write(&keys, &hashed.stdout)?;
+    let (gw_pid, lines) = procs.spawn(
+        "tela gateway",
+        Command::new(&args.tela)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0"])
+            .arg("--api-keys")
+            .arg(&keys)
+            .arg("--identity")
+            .arg(dir.join("gw.key"))
+            .env("TELA_JOIN_SECRET", SECRET)
+            .env("RUST_LOG", "warn"),
+        2,
+    )?;
+    let gateway: SocketAddr =
+        lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
+    let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
+    for (i, e) in engines.iter().enumerate() {
+        procs.spawn(
+            &format!("tela node {i}"),
+            Command::new(&args.tela)
+                .args(["node", "--join", &anchor, "--backend-url", &format!("http://{e}")])
+                .args(["--transport", &args.node_transport])
+                .arg("--identity")
+                .arg(dir.join(format!("node{i}.key")))
+                .arg("--control")
+                .arg(dir.join(format!("node{i}.sock")))
+                .env("TELA_JOIN_SECRET", SECRET)
+                .env("RUST_LOG", "warn"),
+            0,
+        )?;
+    }
+    ready(gateway, "/health", None, Duration::from_secs(30), |b| {
+        serde_json::from_slice::<serde_json::Value>(b).is_ok_and(|v| v["serving_nodes"] == 2)
+    })
+    .await?;
+    let gateway_idle = rss_mib(gw_pid);
+
+    // vllm-router in front of the same engines.
+    let router = match &args.vllm_router {
+        Some(bin) if bin.as_os_str().is_empty() => None,
+        Some(bin) => {
+            let port = free_port()?;
+            let mut cmd = Command::new(bin);
+            cmd.args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--policy",
+                "power_of_two",
+                "--log-level",
+                "warning",
+            ])
+            .args(["--prometheus-port", &free_port()?.to_string()])
+            .arg("--worker-urls")
+            .args(engines.iter().map(|e| format!("http://{e}")));
+            let (pid, _) = procs.spawn("vllm-router", &mut cmd, 0)?;
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+            match ready(addr, "/v1/models", None, Duration::from_secs(60), |_| true).await {
+                Ok(()) => Some((addr, pid)),
+                Err(e) => {
+                    eprintln!("vllm-router did not come up ({e}); its rows are left out");
+                    None
+                }
+            }
+        }
+        None => {
+            eprintln!("vllm-router not found (benches/setup-vllm-router.sh installs 0.1.17); its rows are left out");
+            None
+        }
+    };
+    let router_idle = router.map(|(_, pid)| rss_mib(pid));
+
+    println!(
+        "{:<12} {:<6} {:>4} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>10}",
+        "path", "mode", "conc", "reqs", "errors", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms"
+    );
+    for concurrency in [1usize, 32] {
+        for stream in [false, true] {
+            let mode = if stream { "stream" } else { "json" };
+            let requests = if concurrency == 1 { args.requests / 10 } else { args.requests };
+            let mut paths: Vec<(&str, Vec<SocketAddr>, Option<&str>)> =
+                vec![("direct", engines.clone(), None), ("tela", vec![gateway], Some(KEY))];
+            if let Some((addr, _)) = router {
+                paths.push(("vllm-router", vec![addr], None));
+            }
+            let mut base = (f64::NAN, f64::NAN);
+            for (name, targets, key) in paths {
+                // Warm up connections, pools and caches first.
+                load(&targets, concurrency, stream, concurrency * 20, 5.0, key).await?;
+                let o = load(&targets, concurrency, stream, requests, args.seconds, key).await?;
+                let (p50, p99) = (pct(&o.latencies, 0.50), pct(&o.latencies, 0.99));
+                if name == "direct" {
+                    base = (p50, p99);
+                }
+                let rps = o.latencies.len() as f64 / o.wall.as_secs_f64();
+                let added = |v: f64, b: f64| if name == "direct" { "-".to_string() } else { format!("{:.3}", v - b) };
+                println!(
+                    "{:<12} {:<6} {:>4} {:>6} {:>6} {:>9.0} {:>8.3} {:>8.3} {:>10} {:>10}",
+                    name,
+                    mode,
+                    concurrency,
+                    o.latencies.len(),
+                    o.errors,
+                    rps,
+                    p50,
+                    p99,
+                    added(p50, base.0),
+                    added(p99, base.1)
+                );
+            }
+        }
+    }
+    println!();
+    println!("tela gateway RSS: {gateway_idle:.1} MiB idle, {:.1} MiB after the load", rss_mib(gw_pid));
+    if let (Some((_, pid)), Some(idle)) = (router, router_idle) {
+        println!("vllm-router RSS:  {idle:.1} MiB idle, {:.1} MiB after the load", rss_mib(pid));
+    }
+    Ok(())
+}
+
+/// Removes the run's temporary directory.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
