@@ -171,7 +171,13 @@ pub fn format_table(status: &Value) -> String {
             n["role"].as_str().unwrap_or("?"),
             n["state"].as_str().unwrap_or("?"),
             routable,
-            if n["tunnel"] == true { "yes" } else { "no" },
+            if n["self"] == true {
+                "-"
+            } else if n["tunnel"] == true {
+                "yes"
+            } else {
+                "no"
+            },
             n["in_flight"].to_string(),
             gpus,
             n["generation"].to_string(),
