@@ -1,4 +1,6 @@
 //! `tela gateway` and `tela status --gateway`: flags, checks and the run loop.
+// The doc comments of the flags are clap's help text, written for terminals, not rustdoc.
+#![allow(rustdoc::bare_urls, rustdoc::invalid_html_tags)]
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -169,10 +171,11 @@ impl GatewayArgs {
         let stop = crate::signal::shutdown_signal()?;
         let gateway = Gateway::start(config).await?;
         {
+            // Best effort: a supervisor that closed our stdout must not stop the gateway.
             let mut stdout = std::io::stdout().lock();
-            writeln!(stdout, "listening on {}", gateway.base_url())?;
-            writeln!(stdout, "anchor on {}", gateway.anchor_addr())?;
-            stdout.flush()?;
+            let _ = writeln!(stdout, "listening on {}", gateway.base_url());
+            let _ = writeln!(stdout, "anchor on {}", gateway.anchor_addr());
+            let _ = stdout.flush();
         }
         stop.await;
         gateway.shutdown().await;

@@ -2,7 +2,7 @@
 //! termination (rustls), and HTTP/1.1 and HTTP/2 on each connection (hyper-util's auto
 //! builder, which tells them apart by the client's preface or ALPN).
 //!
-//! A request whose headers do not arrive within [`Limits::header_timeout`] gets its connection
+//! A request whose headers do not arrive within [`Limits::header_timeout`](crate::service::Limits::header_timeout) gets its connection
 //! closed (hyper offers no response at that point); a slow body gets `408` from the service.
 //! Shutdown stops accepting, lets in-flight responses finish for a grace period, then cuts
 //! what is left. Every connection task belongs to the server task.
