@@ -6,7 +6,9 @@
 //! then drains the node's outputs: transmits go out as datagrams on the peer's newest
 //! connection (a public peer without one is dialled in the background, with backoff, and the
 //! datagram dropped), events go to subscribers and the log, commands stop the engine or end
-//! the driver.
+//! the driver. Every second it also dials each gateway in the registry it has no connection
+//! to (not only the `--join` addresses): a gateway routes only over connections its nodes
+//! opened, and one that crashed is redialled, with backoff, until it returns or LEAVES.
 //!
 //! # Tasks and their owners
 //!
