@@ -8,7 +8,7 @@
 //! datagram dropped), events go to subscribers and the log, commands stop the engine or end
 //! the driver. Every second it also dials each gateway in the registry it has no connection
 //! to (not only the `--join` addresses): a gateway routes only over connections its nodes
-//! opened, and one that crashed is redialled, with backoff, until it returns or LEAVES.
+//! opened, and one that crashed is redialled, with backoff, until it returns or leaves.
 //!
 //! # Tasks and their owners
 //!
