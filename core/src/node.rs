@@ -394,13 +394,16 @@ impl Node {
     }
 
     fn handle_timeouts(&mut self) {
-        // Each due timer fires once per call, even if re-arming lands it at `now` again (as it
-        // does at the end of time, where `now + interval` saturates).
-        let mut due = Vec::with_capacity(Timer::ALL.len());
+        // Fire every due timer, including ones that handling another arms in the past (a drain
+        // deadline already behind us), but each timer at most once per call: at the end of time
+        // `now + interval` saturates to `now`, and re-firing would never end.
+        let mut fired: Vec<Timer> = Vec::with_capacity(Timer::ALL.len());
         while let Some(timer) = self.timers.pop_expired(self.now) {
-            due.push(timer);
-        }
-        for timer in due {
+            if fired.contains(&timer) {
+                self.timers.set(timer, self.now);
+                break;
+            }
+            fired.push(timer);
             match timer {
                 Timer::Gossip => {
                     self.gossip_round();
