@@ -315,9 +315,10 @@ impl Trackers {
         if self.watched_last.len() < need {
             self.watched_last.resize(need, None);
         }
-        let watched = self.watched.clone();
-        let row = self.watched_row(h).expect("resized");
-        for (k, &w) in watched.iter().enumerate() {
+        // Disjoint borrows of two fields: no copy of the watch list on this per-merge path.
+        let start = h as usize * WATCHED;
+        let row = &mut self.watched_last[start..start + WATCHED];
+        for (k, &w) in self.watched.iter().enumerate() {
             let now_v = node.replica().get(&id_of(w)).map(|s| s.record().version());
             match (row[k], now_v) {
                 (Some(last), Some(v)) if !v.covers(&last) => {
