@@ -33,21 +33,15 @@ pub const NODE_HEADER: &str = "x-tela-node";
 /// The response header with the gateway's own added time, in milliseconds.
 pub const GATEWAY_MS_HEADER: &str = "x-tela-gateway-ms";
 
-/// Headers that describe one hop or carry this gateway's credentials: never forwarded.
-const NOT_FORWARDED: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "authorization",
-    "api-key",
-];
+/// This gateway's credentials: never forwarded to a node (hop-by-hop headers neither, see
+/// [`not_forwarded`]).
+const CREDENTIALS: &[&str] = &["authorization", "api-key"];
+
+/// True for headers that describe one hop (the runtime's list) or carry this gateway's
+/// credentials; `name` is lower-case.
+fn not_forwarded(name: &str) -> bool {
+    tela_runtime::forward::HOP_BY_HOP.contains(&name) || CREDENTIALS.contains(&name)
+}
 
 /// How forwarding behaves.
 #[derive(Clone, Copy, Debug)]
@@ -86,7 +80,7 @@ pub fn tunnel_head(parts: &http::request::Parts) -> RequestHead {
     let headers = parts
         .headers
         .iter()
-        .filter(|(name, _)| !NOT_FORWARDED.contains(&name.as_str()))
+        .filter(|(name, _)| !not_forwarded(name.as_str()))
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
         .collect();
     RequestHead { method: parts.method.as_str().to_string(), path_and_query, headers }
@@ -229,7 +223,7 @@ fn respond(
     let mut named = false;
     for (name, value) in head.headers {
         let lower = name.to_ascii_lowercase();
-        if NOT_FORWARDED.contains(&lower.as_str()) {
+        if not_forwarded(lower.as_str()) {
             continue;
         }
         let (Ok(name), Ok(value)) = (HeaderName::from_bytes(lower.as_bytes()), HeaderValue::from_bytes(&value)) else {

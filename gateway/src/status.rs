@@ -154,13 +154,7 @@ pub fn format_table(status: &Value) -> String {
     for n in status["nodes"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let models: Vec<&str> =
             n["models"].as_array().map(|m| m.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        let routable = if n["routable"] == true {
-            "yes"
-        } else if n["alive"] == true {
-            "no"
-        } else {
-            "dead"
-        };
+        let routable = tela_runtime::status::routable_label(n);
         let gpus = match n["gpus"]["count"].as_u64() {
             Some(0) | None => "-".to_string(),
             Some(c) => format!("{}x {}", c, n["gpus"]["model"].as_str().unwrap_or("?")),

@@ -49,7 +49,7 @@ impl Default for ForwardConfig {
 
 /// Headers that describe one HTTP hop, not the message: never forwarded (the tunnel frames
 /// bodies itself, and the engine connection has its own `Host`).
-const HOP_BY_HOP: &[&str] = &[
+pub const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",

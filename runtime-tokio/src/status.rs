@@ -138,6 +138,17 @@ pub fn parse_hex(s: &str) -> Option<NodeId> {
     Some(NodeId(id))
 }
 
+/// The "routable" column of a status table row: `yes`, `no` (alive but not routable) or `dead`.
+pub fn routable_label(node: &Value) -> &'static str {
+    if node["routable"] == true {
+        "yes"
+    } else if node["alive"] == true {
+        "no"
+    } else {
+        "dead"
+    }
+}
+
 /// A table for people from the JSON form of a snapshot ([`RegistrySnapshot::to_json`]).
 pub fn format_table(s: &Value) -> String {
     let mut out = format!(
@@ -153,13 +164,7 @@ pub fn format_table(s: &Value) -> String {
     for n in s["registry"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let models: Vec<&str> =
             n["models"].as_array().map(|m| m.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        let routable = if n["routable"] == true {
-            "yes"
-        } else if n["alive"] == true {
-            "no"
-        } else {
-            "dead"
-        };
+        let routable = routable_label(n);
         out.push_str(&format!(
             "{:<9} {:<8} {:<6} {:<9} {:<14} {:>5}  {:<22} {}\n",
             n["short"].as_str().unwrap_or("?"),
