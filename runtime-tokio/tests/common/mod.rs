@@ -406,8 +406,13 @@ pub async fn open_chat(
         ],
     };
     tela_transports::tunnel::write_request_head(&mut send, &head).await.expect("write the head");
-    send.write_all(body.as_bytes()).await.expect("write the body");
-    send.shutdown().await.expect("finish the request");
+    // A node that refuses the request (DOWN, draining) answers from the head alone and stops
+    // reading, so the body may meet a stopped stream: the response, read by the caller, decides.
+    if let Err(e) = send.write_all(body.as_bytes()).await {
+        eprintln!("the node stopped reading the request body: {e}");
+    } else if let Err(e) = send.shutdown().await {
+        eprintln!("the node stopped reading before the request was finished: {e}");
+    }
     (send, recv)
 }
 
