@@ -17,6 +17,25 @@ impl NodeId {
         NodeId([0, 0, 0, 0, 0, 0, 0, 0, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
     }
 
+    /// All sixteen bytes as 32 lowercase hex digits (the display form is shortened).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses the 32 hex digits [`NodeId::to_hex`] writes; anything else is `None`.
+    pub fn from_hex(text: &str) -> Option<NodeId> {
+        let text = text.as_bytes();
+        if text.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| (c as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
+        let mut id = [0u8; 16];
+        for (byte, pair) in id.iter_mut().zip(text.chunks_exact(2)) {
+            *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(NodeId(id))
+    }
+
     /// The first eight bytes as a number; cheap to hash and to print.
     pub fn short(&self) -> u64 {
         let mut b = [0u8; 8];
@@ -57,5 +76,15 @@ mod tests {
         assert!(NodeId::from_u64(1) < NodeId::from_u64(2));
         assert_eq!(NodeId::from_u64(7).short(), 7);
         assert_eq!(NodeId::from_u64(0x1234).to_string(), "00001234");
+    }
+
+    #[test]
+    fn hex_round_trips_and_refuses_anything_else() {
+        let id = NodeId(core::array::from_fn(|i| (i as u8).wrapping_mul(37)));
+        assert_eq!(NodeId::from_hex(&id.to_hex()), Some(id));
+        assert_eq!(NodeId::from_hex(&id.to_hex().to_uppercase()), Some(id));
+        assert_eq!(NodeId::from_hex("00"), None);
+        assert_eq!(NodeId::from_hex(&"g".repeat(32)), None);
+        assert_eq!(NodeId::from_hex(&"é".repeat(16)), None);
     }
 }

@@ -96,6 +96,8 @@ pub mod anchor;
 #[cfg(not(loom))]
 pub mod backoff;
 #[cfg(not(loom))]
+pub mod batch;
+#[cfg(not(loom))]
 pub mod clock;
 #[cfg(not(loom))]
 pub mod control;

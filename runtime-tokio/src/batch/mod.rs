@@ -1,0 +1,193 @@
+//! Batch systems: how a gateway's spinner turns [`SpinCommand`](tela_core::spin::SpinCommand)s
+//! into jobs — submit, look up, cancel, signal — whatever the scheduler's front door is.
+//!
+//! [`BatchSystem`] is the one interface the spinner drives. Backends implement it for one front
+//! door each: the Slurm command line (`sbatch`, `squeue`, `scancel`) and Slurm's REST daemon
+//! (`slurmrestd`, JWT). A FirecREST backend fits the same shape: its `POST /compute/jobs/upload`
+//! submits a script, `GET /compute/jobs` lists jobs with their state and comment, and
+//! `DELETE /compute/jobs/{id}` cancels; FirecREST's tasks are polled inside the backend so the
+//! trait stays request/response.
+//!
+//! What a job runs is rendered by a job template from the spinner's placement; see
+//! [`JobRequest`]. The link from a job to the serving node it became is the job's *comment*:
+//! the batch script writes `tela-node=<node id>` into it once the node's identity exists, and
+//! [`BatchJob::node`] parses it back, so both backends (and FirecREST) can report it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tela_core::NodeId;
+
+/// The prefix of a job comment naming the node the job became.
+pub const NODE_COMMENT_PREFIX: &str = "tela-node=";
+
+/// The comment a batch script sets on its job once the node's identity is known (the full id in hex).
+pub fn node_comment(node: &NodeId) -> String {
+    format!("{NODE_COMMENT_PREFIX}{}", node.to_hex())
+}
+
+/// A job id as the batch system numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BatchJobId(pub u64);
+
+impl fmt::Display for BatchJobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A job to submit: the rendered batch script and the resources it asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRequest {
+    /// The job's name (shown by `squeue`).
+    pub name: String,
+    /// The whole batch script, starting with `#!`.
+    pub script: String,
+    /// Partition, if not the cluster's default.
+    pub partition: Option<String>,
+    /// Account to charge, if any.
+    pub account: Option<String>,
+    /// Nodes.
+    pub nodes: u32,
+    /// GPUs per node (0: none asked for).
+    pub gpus_per_node: u32,
+    /// CPUs for the job's one task per node.
+    pub cpus_per_task: u32,
+    /// The time limit.
+    pub walltime: Duration,
+    /// How long before the time limit the batch shell gets SIGUSR1 (the drain window).
+    pub drain_signal_before: Duration,
+    /// Working directory of the job.
+    pub working_dir: String,
+    /// Environment of the job's processes, beyond what the backend passes itself.
+    pub environment: Vec<(String, String)>,
+}
+
+/// Where a job stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BatchState {
+    /// Waiting in the queue (pending, configuring).
+    Pending,
+    /// Running.
+    Running,
+    /// Ending: its processes are being stopped (completing).
+    Ending,
+    /// Over (completed, failed, cancelled, timed out, preempted, gone from the queue).
+    Ended,
+}
+
+impl BatchState {
+    /// Whether the job still holds or waits for an allocation.
+    pub fn is_live(self) -> bool {
+        !matches!(self, BatchState::Ended)
+    }
+}
+
+/// One job as the batch system lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchJob {
+    /// Its id.
+    pub id: BatchJobId,
+    /// Its state.
+    pub state: BatchState,
+    /// The scheduler's own word for the state (`PENDING`, `RUNNING`, ...), for logs.
+    pub raw_state: String,
+    /// The job's comment (see [`NODE_COMMENT_PREFIX`]).
+    pub comment: String,
+    /// The hosts it runs on, once running.
+    pub hosts: Vec<String>,
+    /// Time left before its limit, when running and known.
+    pub time_left: Option<Duration>,
+}
+
+impl BatchJob {
+    /// The serving node the job became, from its comment.
+    pub fn node(&self) -> Option<NodeId> {
+        self.comment.split([',', ' ', ';']).find_map(|part| NodeId::from_hex(part.strip_prefix(NODE_COMMENT_PREFIX)?))
+    }
+}
+
+/// A signal a job can be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobSignal {
+    /// SIGUSR1: drain (the batch shell forwards it to `tela node`).
+    Drain,
+}
+
+/// Why a batch system call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// The backend's command or endpoint could not be reached or run.
+    #[error("{backend}: cannot reach the batch system: {detail}")]
+    Unreachable {
+        /// The backend's name.
+        backend: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The batch system refused the request (bad partition, limits, authentication).
+    #[error("{backend}: refused: {detail}")]
+    Refused {
+        /// The backend's name.
+        backend: &'static str,
+        /// The batch system's words.
+        detail: String,
+    },
+    /// The batch system answered something this backend cannot read.
+    #[error("{backend}: unexpected answer: {detail}")]
+    Protocol {
+        /// The backend's name.
+        backend: &'static str,
+        /// What was unexpected.
+        detail: String,
+    },
+}
+
+/// A boxed future, so that backends can sit behind `dyn BatchSystem`.
+pub type BatchFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BatchError>> + Send + 'a>>;
+
+/// One front door to a batch system. See the module docs.
+pub trait BatchSystem: Send + Sync {
+    /// The backend's name, for logs (`sbatch`, `slurmrestd v0.0.38`).
+    fn name(&self) -> &str;
+
+    /// Submits a job and returns its id.
+    fn submit<'a>(&'a self, job: &'a JobRequest) -> BatchFuture<'a, BatchJobId>;
+
+    /// The listed state of each of `ids`; a job the batch system no longer lists is reported
+    /// [`BatchState::Ended`] (so every id gets an answer, in order).
+    fn jobs<'a>(&'a self, ids: &'a [BatchJobId]) -> BatchFuture<'a, Vec<BatchJob>>;
+
+    /// Cancels a job, queued or running; cancelling an ended job is not an error.
+    fn cancel(&self, id: BatchJobId) -> BatchFuture<'_, ()>;
+
+    /// Sends a signal to the job's batch shell.
+    fn signal(&self, id: BatchJobId, signal: JobSignal) -> BatchFuture<'_, ()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_read_back_from_the_comment() {
+        let node = NodeId([7; 16]);
+        let mut job = BatchJob {
+            id: BatchJobId(12),
+            state: BatchState::Running,
+            raw_state: "RUNNING".into(),
+            comment: node_comment(&node),
+            hosts: vec![],
+            time_left: None,
+        };
+        assert_eq!(job.node(), Some(node));
+        job.comment = format!("owner=alice,{}", node_comment(&node));
+        assert_eq!(job.node(), Some(node));
+        job.comment = "tela-node=nothex".into();
+        assert_eq!(job.node(), None);
+        job.comment.clear();
+        assert_eq!(job.node(), None);
+    }
+}
