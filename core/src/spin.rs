@@ -43,8 +43,9 @@
 //!   most it can use), GPUs × the time it ran once it ended (cancelled in the queue: nothing). When
 //!   budgets cannot grant every wanted replica, models with no replica at all come first, then the
 //!   largest shortfalls.
-//! - **Placement** of each job is [`place`] over the free shapes; each submission takes its nodes
-//!   out of the free count for the rest of the decision.
+//! - **Placement** of each job is [`place`] over the free shapes the model may use
+//!   ([`ModelPolicy::shapes`], in its order; all of them when it names none); each submission
+//!   takes its nodes out of the free count for the rest of the decision.
 //!
 //! # Example
 //!
@@ -426,6 +427,12 @@ impl Spinner {
     fn submit(&mut self, now: Time, name: &str, missing: u32, shapes: &mut [NodeShape], out: &mut Vec<SpinCommand>) {
         let Some(state) = self.models.get(name) else { return };
         let (spec, walltime) = (state.policy.spec.clone(), state.policy.walltime);
+        // The shapes the model may use, in its order of preference, as indices into `shapes`.
+        let allowed: Vec<usize> = if state.policy.shapes.is_empty() {
+            (0..shapes.len()).collect()
+        } else {
+            state.policy.shapes.iter().filter_map(|n| shapes.iter().position(|s| s.name == *n)).collect()
+        };
         let mut blocked = None;
         let mut submitted = 0;
         for _ in 0..missing {
@@ -433,8 +440,9 @@ impl Spinner {
                 blocked = Some(Blocked::ConcurrentJobs);
                 break;
             }
-            let placement = match place(&spec, shapes) {
-                Ok(p) => p,
+            let candidates: Vec<NodeShape> = allowed.iter().map(|&i| shapes[i].clone()).collect();
+            let placement = match place(&spec, &candidates) {
+                Ok(p) => Placement { shape: allowed[p.shape], ..p },
                 Err(reason) => {
                     blocked = Some(Blocked::NoPlacement(reason));
                     break;
@@ -985,6 +993,32 @@ mod tests {
     }
 
     #[test]
+    fn a_model_runs_only_on_the_shapes_it_names_in_their_order() {
+        let p = ModelPolicy { shapes: vec!["h100".into(), "a100-b".into()], ..policy(small()) };
+        let mut s = Spinner::new(SpinConfig::default(), vec![p]).unwrap();
+        let mut w = World::new();
+        // The 4090 would win by tier and `a100` by order, but the model may use neither.
+        w.shapes = vec![
+            NodeShape::new("rtx4090", Hardware::catalog(GpuModel::Rtx4090, 1), 8),
+            NodeShape::new("a100", Hardware::catalog(GpuModel::A100_80, 8), 8),
+            NodeShape::new("a100-b", Hardware::catalog(GpuModel::A100_80, 8), 1),
+            NodeShape::new("h100", Hardware::catalog(GpuModel::H100, 8), 8),
+        ];
+        let view = w.view(&[("small", load(15))]);
+        let shapes: Vec<(usize, String)> = s
+            .decide(w.now, &view)
+            .into_iter()
+            .filter_map(|c| match c {
+                SpinCommand::Submit { placement, .. } => Some((placement.shape, placement.shape_name)),
+                _ => None,
+            })
+            .collect();
+        // Tier first (A100 before H100), the free count of `a100-b` is respected, and the index
+        // points into the view's own list.
+        assert_eq!(shapes, [(2, "a100-b".to_string()), (3, "h100".to_string())]);
+    }
+
+    #[test]
     fn inconsistent_policies_are_refused_with_the_fix() {
         let bad = |f: fn(&mut ModelPolicy)| {
             let mut p = policy(small());
@@ -1036,6 +1070,7 @@ mod tests {
                 cooldown: MIN * cool_min as u32,
                 scale_down_after: MIN * down_min as u32,
                 scale_down_percent: pct,
+                shapes: Vec::new(),
             },
         )
     }

@@ -28,11 +28,16 @@ pub struct ModelPolicy {
     pub scale_down_after: Duration,
     /// Load, in percent of the scale-up thresholds, below which a replica counts as not needed.
     pub scale_down_percent: u32,
+    /// Names of the shapes (partitions) this model may run on, most preferred first; empty: any.
+    ///
+    /// Placement's rules still choose among them (least capable tier that fits, then fewest
+    /// GPUs); the order breaks the remaining ties.
+    pub shapes: Vec<String>,
 }
 
 impl ModelPolicy {
     /// A policy with defaults: 4 h walltime, 0–4 replicas, 16 requests per replica, 2 min
-    /// cooldown, release after 15 min of low demand at 50% of the thresholds.
+    /// cooldown, release after 15 min of low demand at 50% of the thresholds, any shape.
     pub fn new(spec: ModelSpec) -> ModelPolicy {
         ModelPolicy {
             spec,
@@ -45,6 +50,7 @@ impl ModelPolicy {
             cooldown: Duration::from_secs(120),
             scale_down_after: Duration::from_secs(15 * 60),
             scale_down_percent: 50,
+            shapes: Vec::new(),
         }
     }
 
