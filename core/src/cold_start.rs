@@ -5,8 +5,9 @@
 //! refused because the queue is full (the gateway answers 503 at once). When a replica of the
 //! model becomes routable the gateway releases every waiting request, oldest first; at each
 //! [`ColdStartQueue::next_deadline`] it expires the requests that waited too long and answers
-//! them with an error that says the model is still starting. The queue's length is the
-//! `queued` demand the spinner sees.
+//! them with an error that says the model is still starting; a request whose client went away
+//! is [removed](ColdStartQueue::remove). The queue's length is the `queued` demand the spinner
+//! sees.
 //!
 //! ```
 //! use std::time::Duration;
@@ -82,6 +83,20 @@ impl<T> ColdStartQueue<T> {
         self.waiting.drain(..expired).map(|(_, r)| r).collect()
     }
 
+    /// Takes `request` out of the queue (its client went away); whether it was waiting.
+    pub fn remove(&mut self, request: &T) -> bool
+    where
+        T: PartialEq,
+    {
+        match self.waiting.iter().position(|(_, r)| r == request) {
+            Some(i) => {
+                self.waiting.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// When the oldest waiting request times out, if any waits.
     pub fn next_deadline(&self) -> Option<Time> {
         self.waiting.front().map(|(deadline, _)| *deadline)
@@ -122,6 +137,17 @@ mod tests {
         assert_eq!(q.on_replica_ready(Time::from_secs(5)), vec![0, 1, 2]);
         assert!(q.is_empty());
         assert!(matches!(q.enqueue(Time::from_secs(6), 7), Enqueued::Accepted { .. }));
+    }
+
+    #[test]
+    fn a_request_whose_client_left_is_removed_and_frees_its_place() {
+        let mut q = ColdStartQueue::new(2, MIN);
+        let _ = q.enqueue(Time::ZERO, 1);
+        let _ = q.enqueue(Time::from_secs(1), 2);
+        assert!(q.remove(&1) && !q.remove(&1));
+        assert_eq!(q.next_deadline(), Some(Time::from_secs(61)));
+        assert!(matches!(q.enqueue(Time::from_secs(2), 3), Enqueued::Accepted { .. }));
+        assert_eq!(q.on_replica_ready(Time::from_secs(3)), vec![2, 3]);
     }
 
     #[test]
