@@ -57,6 +57,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod broadcast;
 pub mod cold_start;
 pub mod hardware;
 pub mod id;
@@ -75,6 +76,7 @@ pub mod wire;
 #[cfg(feature = "harness")]
 pub mod harness;
 
+pub use broadcast::{BroadcastQueue, Queued, RecordUpdate, Update};
 pub use cold_start::{ColdStartQueue, Enqueued};
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
 pub use id::NodeId;

@@ -1,0 +1,527 @@
+//! A bounded queue of updates waiting to be piggybacked on datagrams, least-sent first.
+//!
+//! At 10,000 nodes a change cannot be pushed to everyone; it rides on traffic the node sends
+//! anyway (probes, acks, gossip) and every node that learns it passes it on a few times. This
+//! queue decides what goes into the bytes left over in each datagram:
+//!
+//! - one item per subject [`NodeId`] ([`Update::key`]): a newer update for the same node replaces
+//!   the queued one and starts its count afresh; one the queued item already covers
+//!   ([`Update::covers`]) is dropped, so nothing superseded is ever sent;
+//! - [`BroadcastQueue::fill`] hands out items in order of fewest transmissions first, newest first
+//!   among equals, taking each item that still fits the remaining bytes;
+//! - each item is sent at most `ceil(lambda · log2(n + 1))` times ([`BroadcastQueue::transmit_limit`])
+//!   for a cluster of `n` nodes, the bound under which epidemic dissemination reaches every node
+//!   with high probability, and is then forgotten;
+//! - at most `capacity` items are held; when full, the most-sent item makes room (it has had the
+//!   most chances to spread already).
+//!
+//! Every operation is `O(log m)` for `m` queued items: the send order is a [`BTreeSet`] of
+//! `(sends, newest first, key)` and a hash index finds an item by key. The logarithm is computed
+//! in fixed point, so the limit is the same on every platform and replays bit for bit.
+//!
+//! # How the node drives it
+//!
+//! When the node learns something others should hear (a record changed through a merge, a node
+//! it confirmed dead, a suspicion), it pushes the update with [`BroadcastQueue::push`]. Whenever
+//! it builds a datagram (a probe, an ack, a gossip message) it encodes the message itself first,
+//! then calls [`BroadcastQueue::fill`] with the bytes still free below `max_datagram` (less the
+//! few bytes of the piggyback section's item count) and the current cluster size, and appends the
+//! encoded items it is handed. [`RecordUpdate`] carries a record together with its encoding for
+//! exactly this.
+
+use crate::id::NodeId;
+use crate::record::SharedRecord;
+use bytes::Bytes;
+use core::cmp::Reverse;
+use foldhash::fast::FixedState;
+use hashbrown::HashMap;
+use std::collections::BTreeSet;
+
+/// Something the [`BroadcastQueue`] can carry.
+pub trait Update {
+    /// The node the update is about; the queue holds at most one update per key.
+    fn key(&self) -> NodeId;
+    /// True if `self` already carries everything `other` (same key) does, so `other` is
+    /// redundant. Must be reflexive: an update covers an equal one.
+    fn covers(&self, other: &Self) -> bool;
+    /// Bytes the update takes in a datagram.
+    fn encoded_len(&self) -> usize;
+}
+
+/// A record with its postcard encoding, ready to be appended to a datagram.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordUpdate {
+    record: SharedRecord,
+    encoded: Bytes,
+}
+
+impl RecordUpdate {
+    /// Encodes `record` once for all the datagrams it will ride on.
+    pub fn new(record: SharedRecord) -> Result<RecordUpdate, postcard::Error> {
+        let encoded = Bytes::from(postcard::to_allocvec(&*record)?);
+        Ok(RecordUpdate { record, encoded })
+    }
+
+    /// The record.
+    pub fn record(&self) -> &SharedRecord {
+        &self.record
+    }
+
+    /// The record's postcard encoding, as it goes on the wire.
+    pub fn encoded(&self) -> &Bytes {
+        &self.encoded
+    }
+}
+
+impl Update for RecordUpdate {
+    fn key(&self) -> NodeId {
+        self.record.id
+    }
+
+    fn covers(&self, other: &Self) -> bool {
+        self.record.dominates(&other.record)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.encoded.len()
+    }
+}
+
+/// What [`BroadcastQueue::push`] did with an update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// Nothing was queued for its key; it is now.
+    Added,
+    /// It replaced an older update for the same key, which will not be sent again.
+    Replaced,
+    /// The queued update for its key already covers it; the queue is unchanged.
+    Stale,
+}
+
+#[derive(Clone, Debug)]
+struct Entry<T> {
+    item: T,
+    sends: u32,
+    seq: u64,
+}
+
+/// Position in the send order: fewest sends first, then newest first.
+type Rank = (u32, Reverse<u64>, NodeId);
+
+/// After this many queued items in a row did not fit, [`BroadcastQueue::fill`] stops looking:
+/// the datagram is as good as full and scanning the whole queue would cost `O(m)`.
+const MAX_SKIPS: usize = 16;
+
+/// Bounded, least-sent-first queue of updates to piggyback; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct BroadcastQueue<T> {
+    lambda: f64,
+    capacity: usize,
+    next_seq: u64,
+    entries: HashMap<NodeId, Entry<T>, FixedState>,
+    order: BTreeSet<Rank>,
+    evicted: u64,
+}
+
+impl<T: Update> BroadcastQueue<T> {
+    /// An empty queue: each item sent at most `ceil(lambda · log2(n + 1))` times (at least once;
+    /// a negative or non-finite `lambda` counts as zero), at most `capacity` items (at least one).
+    pub fn new(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
+        BroadcastQueue {
+            lambda: if lambda.is_finite() { lambda.max(0.0) } else { 0.0 },
+            capacity: capacity.max(1),
+            next_seq: 0,
+            entries: HashMap::with_hasher(FixedState::default()),
+            order: BTreeSet::new(),
+            evicted: 0,
+        }
+    }
+
+    /// How many times one item is sent in a cluster of `cluster_size` nodes (at least 1).
+    pub fn transmit_limit(&self, cluster_size: usize) -> u32 {
+        let n = u64::try_from(cluster_size).unwrap_or(u64::MAX).saturating_add(1);
+        let log2 = log2_fixed(n) as f64 / LOG2_ONE as f64;
+        let limit = (self.lambda * log2).ceil();
+        // `as` saturates floats into the integer's range.
+        (limit as u32).max(1)
+    }
+
+    /// Queues `item`, replacing an older update for the same key or dropping `item` if the queued
+    /// one covers it. When the queue is full the most-sent item is evicted to make room.
+    pub fn push(&mut self, item: T) -> Queued {
+        let key = item.key();
+        let seq = self.next_seq;
+        if let Some(e) = self.entries.get_mut(&key) {
+            if e.item.covers(&item) {
+                return Queued::Stale;
+            }
+            self.order.remove(&(e.sends, Reverse(e.seq), key));
+            *e = Entry { item, sends: 0, seq };
+            self.order.insert((0, Reverse(seq), key));
+            self.next_seq += 1;
+            return Queued::Replaced;
+        }
+        if self.entries.len() >= self.capacity {
+            if let Some((_, _, victim)) = self.order.pop_last() {
+                self.entries.remove(&victim);
+                self.evicted += 1;
+            }
+        }
+        self.entries.insert(key, Entry { item, sends: 0, seq });
+        self.order.insert((0, Reverse(seq), key));
+        self.next_seq += 1;
+        Queued::Added
+    }
+
+    /// Picks updates to piggyback into `budget` free bytes of a datagram, fewest-sent first and
+    /// newest first among equals, skipping any that no longer fit; calls `take` with each in that
+    /// order and returns the bytes they use (never more than `budget`).
+    ///
+    /// Each picked item counts one transmission; an item that reaches the limit for
+    /// `cluster_size` nodes leaves the queue. Items already over the limit (the cluster shrank)
+    /// are dropped without being sent.
+    pub fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T)) -> usize {
+        let limit = self.transmit_limit(cluster_size);
+        while let Some(&(sends, _, key)) = self.order.last() {
+            if sends < limit {
+                break;
+            }
+            self.order.pop_last();
+            self.entries.remove(&key);
+        }
+        let mut used = 0;
+        let mut skips = 0;
+        let mut picked: Vec<Rank> = Vec::new();
+        for rank in &self.order {
+            if budget - used == 0 || skips == MAX_SKIPS {
+                break;
+            }
+            let Some(e) = self.entries.get(&rank.2) else { continue };
+            let len = e.item.encoded_len();
+            if len > budget - used {
+                skips += 1;
+                continue;
+            }
+            skips = 0;
+            used += len;
+            take(&e.item);
+            picked.push(*rank);
+        }
+        for rank in picked {
+            self.order.remove(&rank);
+            let (sends, seq, key) = rank;
+            let sends = sends.saturating_add(1);
+            if sends >= limit {
+                self.entries.remove(&key);
+            } else if let Some(e) = self.entries.get_mut(&key) {
+                e.sends = sends;
+                self.order.insert((sends, seq, key));
+            }
+        }
+        used
+    }
+
+    /// Removes the update queued for `key` (the node left and was forgotten, say).
+    pub fn remove(&mut self, key: &NodeId) -> Option<T> {
+        let e = self.entries.remove(key)?;
+        self.order.remove(&(e.sends, Reverse(e.seq), *key));
+        Some(e.item)
+    }
+
+    /// The update queued for `key`.
+    pub fn get(&self, key: &NodeId) -> Option<&T> {
+        self.entries.get(key).map(|e| &e.item)
+    }
+
+    /// How many times the update queued for `key` has been handed out.
+    pub fn sends(&self, key: &NodeId) -> Option<u32> {
+        self.entries.get(key).map(|e| e.sends)
+    }
+
+    /// Updates queued.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The most items the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Updates evicted unsent-enough because the queue was full, since creation.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+}
+
+/// `1.0` in the fixed-point format of [`log2_fixed`].
+pub(crate) const LOG2_ONE: u64 = 1 << 16;
+
+/// `log2(x)` in fixed point with 16 fractional bits (rounded down; `0` for `x ≤ 1`).
+///
+/// Integer-only, so every platform computes the same transmit limits and timeouts.
+pub(crate) fn log2_fixed(x: u64) -> u64 {
+    if x <= 1 {
+        return 0;
+    }
+    let int = u64::from(63 - x.leading_zeros());
+    // x / 2^int in [1, 2), as a fixed-point number with 32 fractional bits.
+    let mut y: u128 = (u128::from(x) << 32) >> int;
+    let mut frac = 0u64;
+    for bit in (0..16).rev() {
+        y = (y * y) >> 32;
+        if y >= 2u128 << 32 {
+            y >>= 1;
+            frac |= 1 << bit;
+        }
+    }
+    (int << 16) | frac
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An update about node `key` at `version`, `len` bytes long.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct Up {
+        key: u64,
+        version: u32,
+        len: usize,
+    }
+
+    impl Update for Up {
+        fn key(&self) -> NodeId {
+            NodeId::from_u64(self.key)
+        }
+        fn covers(&self, other: &Self) -> bool {
+            self.version >= other.version
+        }
+        fn encoded_len(&self) -> usize {
+            self.len
+        }
+    }
+
+    fn up(key: u64, version: u32, len: usize) -> Up {
+        Up { key, version, len }
+    }
+
+    fn fill_all(q: &mut BroadcastQueue<Up>, budget: usize, n: usize) -> Vec<Up> {
+        let mut out = Vec::new();
+        q.fill(budget, n, |u| out.push(u.clone()));
+        out
+    }
+
+    #[test]
+    fn fixed_point_log2_is_exact_on_powers_of_two_and_close_elsewhere() {
+        assert_eq!(log2_fixed(0), 0);
+        assert_eq!(log2_fixed(1), 0);
+        for k in 0..63 {
+            assert_eq!(log2_fixed(1 << k), k << 16);
+        }
+        for x in [3u64, 10, 1000, 10_001, 123_456_789, u64::MAX] {
+            let exact = (x as f64).log2();
+            let got = log2_fixed(x) as f64 / LOG2_ONE as f64;
+            assert!((exact - got).abs() < 1e-4, "log2({x}) = {got}, want {exact}");
+        }
+    }
+
+    #[test]
+    fn transmit_limit_grows_with_the_log_of_the_cluster() {
+        let q = BroadcastQueue::<Up>::new(1.0, 10);
+        assert_eq!(q.transmit_limit(0), 1);
+        assert_eq!(q.transmit_limit(1), 1);
+        assert_eq!(q.transmit_limit(3), 2);
+        assert_eq!(q.transmit_limit(10_000), 14); // log2(10_001) = 13.29
+        let q = BroadcastQueue::<Up>::new(3.0, 10);
+        assert_eq!(q.transmit_limit(7), 9);
+        assert_eq!(BroadcastQueue::<Up>::new(f64::NAN, 1).transmit_limit(1000), 1);
+        assert_eq!(BroadcastQueue::<Up>::new(f64::INFINITY, 1).transmit_limit(1000), 1);
+        assert_eq!(BroadcastQueue::<Up>::new(1e300, 1).transmit_limit(1000), u32::MAX);
+    }
+
+    #[test]
+    fn newer_update_replaces_older_and_older_is_dropped() {
+        let mut q = BroadcastQueue::new(4.0, 10);
+        assert_eq!(q.push(up(1, 2, 10)), Queued::Added);
+        assert_eq!(fill_all(&mut q, 100, 10).len(), 1);
+        assert_eq!(q.sends(&NodeId::from_u64(1)), Some(1));
+        assert_eq!(q.push(up(1, 1, 10)), Queued::Stale);
+        assert_eq!(q.push(up(1, 2, 10)), Queued::Stale, "an equal update does not restart the count");
+        assert_eq!(q.sends(&NodeId::from_u64(1)), Some(1));
+        assert_eq!(q.push(up(1, 3, 10)), Queued::Replaced);
+        assert_eq!(q.sends(&NodeId::from_u64(1)), Some(0));
+        assert_eq!(fill_all(&mut q, 100, 10), vec![up(1, 3, 10)]);
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn least_sent_first_then_newest_first() {
+        let mut q = BroadcastQueue::new(4.0, 10);
+        q.push(up(1, 0, 10));
+        q.push(up(2, 0, 10));
+        assert_eq!(fill_all(&mut q, 10, 10), vec![up(2, 0, 10)], "newest first");
+        assert_eq!(fill_all(&mut q, 10, 10), vec![up(1, 0, 10)], "then the one sent less");
+        q.push(up(3, 0, 10));
+        assert_eq!(fill_all(&mut q, 25, 10), vec![up(3, 0, 10), up(2, 0, 10)]);
+    }
+
+    #[test]
+    fn items_that_do_not_fit_are_skipped_for_smaller_ones() {
+        let mut q = BroadcastQueue::new(4.0, 10);
+        q.push(up(1, 0, 5));
+        q.push(up(2, 0, 50));
+        q.push(up(3, 0, 30));
+        assert_eq!(fill_all(&mut q, 40, 10), vec![up(3, 0, 30), up(1, 0, 5)]);
+        assert_eq!(fill_all(&mut q, 0, 10), vec![]);
+        assert_eq!(q.sends(&NodeId::from_u64(2)), Some(0));
+    }
+
+    #[test]
+    fn items_leave_after_their_transmit_limit() {
+        let mut q = BroadcastQueue::new(1.0, 10);
+        q.push(up(1, 0, 1));
+        // Three nodes: ceil(log2 4) = 2 sends.
+        assert_eq!(fill_all(&mut q, 10, 3).len(), 1);
+        assert_eq!(fill_all(&mut q, 10, 3).len(), 1);
+        assert!(q.is_empty());
+        assert_eq!(fill_all(&mut q, 10, 3).len(), 0);
+        // The cluster shrinking below what an item has had already retires it unsent.
+        q.push(up(2, 0, 1));
+        assert_eq!(fill_all(&mut q, 10, 1000).len(), 1);
+        assert_eq!(fill_all(&mut q, 10, 0).len(), 0);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn full_queue_evicts_the_most_sent() {
+        let mut q = BroadcastQueue::new(8.0, 2);
+        q.push(up(1, 0, 10));
+        q.push(up(2, 0, 10));
+        fill_all(&mut q, 10, 100); // sends 2
+        fill_all(&mut q, 10, 100); // sends 1
+        fill_all(&mut q, 10, 100); // sends 2 again
+        assert_eq!((q.sends(&NodeId::from_u64(1)), q.sends(&NodeId::from_u64(2))), (Some(1), Some(2)));
+        assert_eq!(q.push(up(3, 0, 10)), Queued::Added);
+        assert_eq!(q.len(), 2);
+        assert!(q.get(&NodeId::from_u64(2)).is_none());
+        assert_eq!(q.evicted(), 1);
+        assert_eq!(q.remove(&NodeId::from_u64(1)), Some(up(1, 0, 10)));
+        assert_eq!(fill_all(&mut q, 100, 100), vec![up(3, 0, 10)]);
+    }
+
+    #[test]
+    fn record_updates_carry_their_encoding_and_are_superseded_by_the_lattice() {
+        use crate::hardware::Hardware;
+        use crate::record::{Lifecycle, Reachability, Record, Role};
+        use std::sync::Arc;
+        let r = Record::new(NodeId::from_u64(5), 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
+        let mut down = r.clone();
+        down.state = Lifecycle::Down;
+        let a = RecordUpdate::new(Arc::new(r.clone())).unwrap();
+        let b = RecordUpdate::new(Arc::new(down)).unwrap();
+        assert_eq!(postcard::from_bytes::<Record>(a.encoded()).unwrap(), r);
+        assert_eq!(a.encoded_len(), a.encoded().len());
+        let mut q = BroadcastQueue::new(2.0, 4);
+        assert_eq!(q.push(b.clone()), Queued::Added);
+        assert_eq!(q.push(a.clone()), Queued::Stale);
+        assert_eq!(q.get(&NodeId::from_u64(5)).map(|u| u.record().state), Some(Lifecycle::Down));
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push(u64, u32, usize),
+        Fill(usize, usize),
+        Remove(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u64..12, 0u32..6, 1usize..120).prop_map(|(k, v, l)| Op::Push(k, v, l)),
+            3 => (0usize..300, 0usize..40).prop_map(|(b, n)| Op::Fill(b, n)),
+            1 => (0u64..12).prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Runs random operations against a model of what is queued and checks every `fill`.
+        #[test]
+        fn fill_respects_budget_supersession_limits_order_and_capacity(
+            lambda in 0.5f64..3.0,
+            capacity in 1usize..8,
+            ops in prop::collection::vec(op(), 1..80),
+        ) {
+            let mut q = BroadcastQueue::new(lambda, capacity);
+            // The newest update pushed per key that was not stale, and how often each was sent.
+            let mut latest: std::collections::HashMap<u64, u32> = Default::default();
+            let mut sent: std::collections::HashMap<(u64, u32), u32> = Default::default();
+            for op in ops {
+                match op {
+                    Op::Push(k, v, l) => {
+                        let before = q.get(&NodeId::from_u64(k)).cloned();
+                        let r = q.push(up(k, v, l));
+                        match before {
+                            Some(b) if b.version >= v => prop_assert_eq!(r, Queued::Stale),
+                            Some(_) => prop_assert_eq!(r, Queued::Replaced),
+                            None => prop_assert_eq!(r, Queued::Added),
+                        }
+                        if r != Queued::Stale {
+                            latest.insert(k, v);
+                            sent.insert((k, v), 0);
+                        }
+                    }
+                    Op::Fill(budget, n) => {
+                        let limit = q.transmit_limit(n);
+                        // The send order before the call, minus what is over the limit.
+                        let mut ranked: Vec<(u32, Reverse<u64>, NodeId)> = q.order.iter().copied()
+                            .filter(|r| r.0 < limit).collect();
+                        ranked.sort();
+                        let out = fill_all(&mut q, budget, n);
+                        let total: usize = out.iter().map(|u| u.len).sum();
+                        prop_assert!(total <= budget);
+                        for u in &out {
+                            prop_assert_eq!(latest.get(&u.key), Some(&u.version), "superseded item sent");
+                            let c = sent.entry((u.key, u.version)).or_default();
+                            *c += 1;
+                            prop_assert!(*c <= limit, "sent {} times, limit {}", c, limit);
+                        }
+                        // Greedy least-sent-first: any skipped item ranked before the last picked
+                        // one did not fit what was left when its turn came.
+                        let picked: Vec<NodeId> = out.iter().map(|u| u.key()).collect();
+                        let order_of_picks: Vec<NodeId> =
+                            ranked.iter().map(|r| r.2).filter(|k| picked.contains(k)).collect();
+                        prop_assert_eq!(&order_of_picks, &picked, "picked out of order");
+                        if let Some(last) = picked.last() {
+                            let mut left = budget;
+                            for r in &ranked {
+                                if r.2 == *last { break; }
+                                let len = out.iter().find(|u| u.key() == r.2).map(|u| u.len);
+                                match len {
+                                    Some(l) => left -= l,
+                                    None => {
+                                        let skipped = q.get(&r.2).map_or(0, |u| u.len);
+                                        prop_assert!(skipped > left, "a fitting item was passed over");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Op::Remove(k) => {
+                        q.remove(&NodeId::from_u64(k));
+                        latest.remove(&k);
+                    }
+                }
+                prop_assert!(q.len() <= capacity);
+                prop_assert_eq!(q.len(), q.order.len());
+            }
+        }
+    }
+}
