@@ -50,6 +50,7 @@
 //!
 //! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
+//! [`swim`] (failure detection by probing) and [`broadcast`] (piggybacked updates), not wired in yet,
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
 //! and [`harness`] (a multi-node test bench, behind the `harness` feature).
@@ -69,6 +70,7 @@ pub mod record;
 pub mod replica;
 pub mod routing;
 pub mod spin;
+pub mod swim;
 pub mod time;
 pub mod timer;
 pub mod wire;
@@ -86,5 +88,6 @@ pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, R
 pub use replica::Replica;
 pub use routing::{route, RouteError};
 pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
+pub use swim::{Swim, SwimConfig};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};

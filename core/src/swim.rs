@@ -1,0 +1,1224 @@
+//! Failure detection by probing: SWIM with the Lifeguard refinements, as a sans-IO state machine.
+//!
+//! At 10,000 nodes, flooding heartbeats costs every node 10,000 updates a second. Instead each
+//! node checks one member per *protocol period* and only news of a failure spreads:
+//!
+//! 1. **Probe schedule.** Members are probed in a randomized round-robin: the probe order is
+//!    shuffled at the start of every pass, a new member is inserted at a random position, and
+//!    every member is probed exactly once per pass, so a failed member is found within two passes
+//!    by every prober (the SWIM paper's bound) instead of by luck.
+//! 2. **Direct, then indirect.** The node pings the target ([`Action::SendPing`]). Without an ack
+//!    within `probe_timeout` it asks `indirect_probes` random healthy members to ping the target
+//!    on its behalf ([`Action::SendPingReq`]); they forward the target's ack, or answer with a
+//!    nack ([`Action::SendNack`]) when they got none, which tells the prober that its own links
+//!    work. A probe with no ack by the end of the period fails.
+//! 3. **Suspicion, not death.** A failed probe makes the target *suspect*
+//!    ([`Event::Suspect`], gossiped with [`Action::GossipSuspect`]), not dead. The suspect hears
+//!    the rumor and refutes it with a higher incarnation ([`Action::GossipAlive`]); otherwise,
+//!    when the suspicion timeout runs out, it is *confirmed* ([`Event::Confirm`]) and the caller
+//!    marks it DOWN through the registry lattice.
+//! 4. **Lifeguard suspicion.** The timeout starts at `max = beta · log10(n) · period` and shrinks
+//!    towards `min = alpha · log10(n) · period` as independent suspecters confirm it:
+//!    `timeout = max(min, max − (max − min) · log(C + 1) / log(K + 1))` for `C` confirmations out
+//!    of `K` expected ([`suspicion_timeout`]). A member that one slow node suspects gets a long
+//!    time to refute; one that many suspect is declared dead fast.
+//! 5. **Lifeguard local health.** A node that misses acks because *it* is slow (CPU starved,
+//!    overloaded link) would wrongly suspect healthy members. Its local health multiplier (LHM,
+//!    `0..=max_health`) rises with every failed probe (by the number of nacks it missed when it
+//!    probed indirectly) and every time it must refute a suspicion about itself, and falls with
+//!    every successful probe; the probe period and the probe timeout are stretched by `LHM + 1`.
+//!
+//! Members that are outbound-only cannot be pinged and are never probed (`probeable = false`);
+//! their anchors vouch for them ([`Swim::set_voucher`]), which suppresses suspicion while the
+//! voucher holds its connection to them. An anchor that loses that connection reports it with
+//! [`Swim::suspect`].
+//!
+//! # Incarnations
+//!
+//! Each member has an incarnation number that only its owner raises: a suspicion at incarnation
+//! `i` is refuted by the owner announcing itself alive at an incarnation above `i`. The module
+//! treats incarnations as opaque counters; the node maps them onto its record (the heartbeat of
+//! the current generation: a record at a higher heartbeat is the refutation). A new generation
+//! is a new process: the node removes the member and adds it again.
+//!
+//! # Driving it
+//!
+//! Like [`Node`](crate::Node), a [`Swim`] does no I/O and reads no clock: every input carries
+//! `now`, outputs are drained with [`Swim::poll_action`] and [`Swim::poll_event`], and the caller
+//! calls [`Swim::on_timeout`] at [`Swim::next_deadline`]. How `node.rs` will drive it:
+//!
+//! - Membership follows the registry: [`Swim::add_member`] for every record learned that is not
+//!   LEFT or DOWN (`probeable` when its reachability is public or it holds a connection to us),
+//!   [`Swim::remove_member`] when a record turns DOWN or LEFT or a new generation replaces it.
+//! - Each wire message maps to one input: `Ping{seq}` → [`Swim::on_ping`], `PingReq{target, seq}`
+//!   → [`Swim::on_ping_req`], `Ack{seq}` → [`Swim::on_ack`], `Nack{seq}` → [`Swim::on_nack`]. The
+//!   piggybacked updates they carry go to the lattice (records) and to
+//!   [`Swim::on_suspect_gossip`] / [`Swim::on_alive_gossip`] (suspicions and refutations); when
+//!   those return [`Rumor::Spread`] the node pushes the update into its
+//!   [`BroadcastQueue`](crate::broadcast::BroadcastQueue) to pass it on.
+//! - Each [`Action`] becomes one datagram: the probe message first, then
+//!   [`BroadcastQueue::fill`](crate::broadcast::BroadcastQueue::fill) with the bytes left.
+//!   [`Action::GossipSuspect`] and [`Action::GossipAlive`] are not datagrams but updates to push
+//!   into the broadcast queue (the latter as the node's own record at the new incarnation).
+//! - [`Event::Confirm`] marks the member DOWN in the lattice (and the DOWN record spreads through
+//!   the queue); [`Event::Suspect`] and [`Event::Alive`] may make a node unroutable early and
+//!   routable again.
+//!
+//! Everything is a function of the [`SwimConfig`], the seed and the inputs with their times.
+
+use crate::broadcast::{log2_fixed, LOG2_ONE};
+use crate::id::NodeId;
+use crate::time::Time;
+use core::time::Duration;
+use foldhash::fast::FixedState;
+use hashbrown::HashMap;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+use std::collections::{BTreeSet, VecDeque};
+
+/// Ping-reqs served for others at once; more are ignored (bounds what a flood can make us hold).
+const MAX_RELAYS: usize = 64;
+/// Below this many members ping-req helpers are picked by a full scan, above by sampling.
+const SCAN_BELOW: usize = 64;
+
+/// Failure detector settings. [`SwimConfig::default`] gives memberlist's LAN values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwimConfig {
+    /// Time between probes at full local health.
+    pub protocol_period: Duration,
+    /// How long to wait for a direct ack before probing indirectly; less than the period.
+    pub probe_timeout: Duration,
+    /// Members asked to probe indirectly (`k` in SWIM).
+    pub indirect_probes: usize,
+    /// Shortest suspicion, in protocol periods per decade of cluster size (`alpha`).
+    pub suspicion_min_periods: u32,
+    /// Longest suspicion, in protocol periods per decade of cluster size (`beta`).
+    pub suspicion_max_periods: u32,
+    /// Independent confirmations that shrink a suspicion to its shortest (`K` in Lifeguard).
+    pub suspicion_confirmations: u32,
+    /// Highest local health multiplier; timeouts stretch up to `max_health + 1` times.
+    pub max_health: u8,
+}
+
+impl Default for SwimConfig {
+    /// 1 s periods, 500 ms probe timeout, 3 indirect probes, suspicion 4 to 24 periods per decade
+    /// of cluster size shrinking over 3 confirmations, local health up to 8.
+    fn default() -> SwimConfig {
+        SwimConfig {
+            protocol_period: Duration::from_secs(1),
+            probe_timeout: Duration::from_millis(500),
+            indirect_probes: 3,
+            suspicion_min_periods: 4,
+            suspicion_max_periods: 24,
+            suspicion_confirmations: 3,
+            max_health: 8,
+        }
+    }
+}
+
+impl SwimConfig {
+    /// Checks the settings that would make the detector misbehave.
+    pub fn validate(&self) -> Result<(), SwimConfigError> {
+        if self.protocol_period < Duration::from_millis(1) {
+            return Err(SwimConfigError::ZeroPeriod);
+        }
+        if self.probe_timeout.is_zero() || self.probe_timeout >= self.protocol_period {
+            return Err(SwimConfigError::ProbeTimeout { timeout: self.probe_timeout, period: self.protocol_period });
+        }
+        if self.suspicion_min_periods == 0 || self.suspicion_max_periods < self.suspicion_min_periods {
+            return Err(SwimConfigError::SuspicionBounds {
+                min: self.suspicion_min_periods,
+                max: self.suspicion_max_periods,
+            });
+        }
+        Ok(())
+    }
+
+    /// A copy with out-of-range values clamped to the nearest usable ones.
+    fn clamped(mut self) -> SwimConfig {
+        self.protocol_period = self.protocol_period.max(Duration::from_millis(1));
+        if self.probe_timeout.is_zero() || self.probe_timeout >= self.protocol_period {
+            self.probe_timeout = self.protocol_period / 2;
+        }
+        self.suspicion_min_periods = self.suspicion_min_periods.max(1);
+        self.suspicion_max_periods = self.suspicion_max_periods.max(self.suspicion_min_periods);
+        self
+    }
+
+    /// Shortest and longest suspicion timeout in a cluster of `cluster_size` nodes:
+    /// `alpha · max(1, log10 n) · period` and `beta · max(1, log10 n) · period`.
+    pub fn suspicion_bounds(&self, cluster_size: usize) -> (Duration, Duration) {
+        let n = u64::try_from(cluster_size).unwrap_or(u64::MAX);
+        // log10(n) = log2(n) / log2(10), in the same fixed point; at least 1.
+        let log10 =
+            (u128::from(log2_fixed(n)) * u128::from(LOG2_ONE) / u128::from(log2_fixed(10))).max(u128::from(LOG2_ONE));
+        let period = self.protocol_period.as_micros();
+        let scaled = |periods: u32| {
+            let micros = period * u128::from(periods) * log10 / u128::from(LOG2_ONE);
+            Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
+        };
+        (scaled(self.suspicion_min_periods), scaled(self.suspicion_max_periods))
+    }
+}
+
+/// A failure detector configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SwimConfigError {
+    /// A period under a millisecond would spin.
+    #[error("protocol_period must be at least 1 ms")]
+    ZeroPeriod,
+    /// The direct probe must leave time for the indirect one within the period.
+    #[error("probe_timeout ({timeout:?}) must be above zero and below protocol_period ({period:?})")]
+    ProbeTimeout {
+        /// The configured probe timeout.
+        timeout: Duration,
+        /// The configured period.
+        period: Duration,
+    },
+    /// Suspicion bounds out of order.
+    #[error("suspicion periods must satisfy 1 <= min ({min}) <= max ({max})")]
+    SuspicionBounds {
+        /// The configured minimum.
+        min: u32,
+        /// The configured maximum.
+        max: u32,
+    },
+}
+
+/// The Lifeguard suspicion timeout after `confirmations` independent confirmations out of
+/// `expected`: `max(min, max − (max − min) · log(C + 1) / log(K + 1))`, or `min` when none are
+/// expected. Non-increasing in `confirmations` and always within `[min, max]` (for `min ≤ max`).
+pub fn suspicion_timeout(min: Duration, max: Duration, confirmations: u32, expected: u32) -> Duration {
+    if expected == 0 || max <= min {
+        return min;
+    }
+    let c = confirmations.min(expected);
+    let num = u128::from(log2_fixed(u64::from(c) + 1));
+    let den = u128::from(log2_fixed(u64::from(expected) + 1)).max(1);
+    let span = (max - min).as_micros();
+    let cut = span * num / den;
+    let left = span.saturating_sub(cut);
+    min + Duration::from_micros(u64::try_from(left).unwrap_or(u64::MAX))
+}
+
+/// A message the caller must send or an update it must spread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send a ping; the peer answers with an ack carrying `seq`.
+    SendPing {
+        /// The member to ping.
+        to: NodeId,
+        /// Echoed in the ack.
+        seq: u32,
+    },
+    /// Ask `via` to ping `target` for us and forward its ack (or send a nack).
+    SendPingReq {
+        /// The helper.
+        via: NodeId,
+        /// The member to probe.
+        target: NodeId,
+        /// Echoed in the forwarded ack or the nack.
+        seq: u32,
+    },
+    /// Answer a ping, or forward an ack for an indirect probe.
+    SendAck {
+        /// The pinger (or the prober that asked us to ping).
+        to: NodeId,
+        /// The sequence number from its message.
+        seq: u32,
+    },
+    /// Tell a prober that the target of its ping-req did not answer us in time.
+    SendNack {
+        /// The prober.
+        to: NodeId,
+        /// The sequence number from its ping-req.
+        seq: u32,
+    },
+    /// Spread that this node suspects `id` at `incarnation` (push it into the broadcast queue).
+    GossipSuspect {
+        /// The suspect.
+        id: NodeId,
+        /// The incarnation suspected.
+        incarnation: u64,
+    },
+    /// Someone suspects this node: spread that it is alive at `incarnation`, above the suspected
+    /// one (push the node's own record at this incarnation into the broadcast queue).
+    GossipAlive {
+        /// The node's new incarnation.
+        incarnation: u64,
+    },
+}
+
+/// A change of a member's standing, for the node and the application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The member is suspected of having failed.
+    Suspect(NodeId),
+    /// A suspicion of the member was refuted or lifted.
+    Alive(NodeId),
+    /// The suspicion ran out: the member has failed; mark it DOWN.
+    Confirm(NodeId),
+}
+
+/// Whether a gossiped suspicion or refutation was news that should be passed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Rumor {
+    /// It changed what this node believes: push it into the broadcast queue.
+    Spread,
+    /// Known already, stale, about an unknown member, or suppressed: do not pass it on.
+    Drop,
+}
+
+#[derive(Clone, Debug)]
+struct Suspicion {
+    started: Time,
+    deadline: Time,
+    min: Duration,
+    max: Duration,
+    expected: u32,
+    /// The first suspecter, then each independent confirmer (at most `expected` of them).
+    suspecters: Vec<NodeId>,
+}
+
+#[derive(Clone, Debug)]
+enum Standing {
+    Alive,
+    Suspect(Suspicion),
+    Confirmed,
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    incarnation: u64,
+    probeable: bool,
+    voucher: Option<NodeId>,
+    standing: Standing,
+}
+
+/// The probe of the current period.
+#[derive(Clone, Debug)]
+struct Probe {
+    target: NodeId,
+    seq: u32,
+    /// While the direct ping is outstanding: when to switch to indirect probing.
+    indirect_at: Option<Time>,
+    vias: Vec<NodeId>,
+    nacks: Vec<NodeId>,
+}
+
+/// A ping-req we serve for another prober.
+#[derive(Clone, Copy, Debug)]
+struct Relay {
+    seq: u32,
+    origin: NodeId,
+    origin_seq: u32,
+    target: NodeId,
+    nack_at: Time,
+}
+
+/// One node's SWIM + Lifeguard failure detector; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Swim {
+    local: NodeId,
+    config: SwimConfig,
+    rng: ChaCha8Rng,
+    now: Time,
+    incarnation: u64,
+    health: u8,
+    members: HashMap<NodeId, Member, FixedState>,
+    /// Probe order of the current pass: probeable members not confirmed dead.
+    order: Vec<NodeId>,
+    cursor: usize,
+    passes: u64,
+    probe: Option<Probe>,
+    next_probe: Time,
+    next_seq: u32,
+    relays: Vec<Relay>,
+    suspicions: BTreeSet<(Time, NodeId)>,
+    actions: VecDeque<Action>,
+    events: VecDeque<Event>,
+}
+
+impl Swim {
+    /// A detector for node `local` at incarnation 0 with no members; the first probe falls at a
+    /// random point of the first period so that nodes started together do not probe in step.
+    ///
+    /// `config` should pass [`SwimConfig::validate`]; out-of-range values are clamped.
+    pub fn new(local: NodeId, config: SwimConfig, rng_seed: u64, now: Time) -> Swim {
+        let config = config.clamped();
+        let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
+        let period = u64::try_from(config.protocol_period.as_micros()).unwrap_or(u64::MAX).max(1);
+        let first = now + Duration::from_micros(rng.random_range(0..period));
+        Swim {
+            local,
+            config,
+            rng,
+            now,
+            incarnation: 0,
+            health: 0,
+            members: HashMap::with_hasher(FixedState::default()),
+            order: Vec::new(),
+            cursor: 0,
+            passes: 0,
+            probe: None,
+            next_probe: first,
+            next_seq: 0,
+            relays: Vec::new(),
+            suspicions: BTreeSet::new(),
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    // ----- membership -------------------------------------------------------------------------
+
+    /// Adds member `id` at `incarnation`, probed directly when `probeable`. A member already known
+    /// only has its probeability updated (incarnations move through [`Swim::on_alive_gossip`]).
+    /// Returns whether it was new.
+    pub fn add_member(&mut self, now: Time, id: NodeId, incarnation: u64, probeable: bool) -> bool {
+        self.advance(now);
+        if id == self.local {
+            return false;
+        }
+        if self.members.contains_key(&id) {
+            self.set_probeable(id, probeable);
+            return false;
+        }
+        let member = Member { incarnation, probeable: false, voucher: None, standing: Standing::Alive };
+        self.members.insert(id, member);
+        self.set_probeable(id, probeable);
+        true
+    }
+
+    /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
+    /// Members it vouched for lose the voucher.
+    pub fn remove_member(&mut self, id: NodeId) -> bool {
+        let Some(m) = self.members.remove(&id) else { return false };
+        if let Standing::Suspect(s) = &m.standing {
+            self.suspicions.remove(&(s.deadline, id));
+        }
+        self.leave_order(id);
+        if self.probe.as_ref().is_some_and(|p| p.target == id) {
+            self.probe = None;
+        }
+        for other in self.members.values_mut() {
+            if other.voucher == Some(id) {
+                other.voucher = None;
+            }
+        }
+        true
+    }
+
+    /// Whether `id` can be pinged directly (it is public, or holds a connection to us). Members
+    /// that are not are never probed.
+    pub fn set_probeable(&mut self, id: NodeId, probeable: bool) {
+        let Some(m) = self.members.get_mut(&id) else { return };
+        let was = m.probeable && !matches!(m.standing, Standing::Confirmed);
+        m.probeable = probeable;
+        let is = probeable && !matches!(m.standing, Standing::Confirmed);
+        match (was, is) {
+            (false, true) => self.join_order(id),
+            (true, false) => {
+                self.leave_order(id);
+                if self.probe.as_ref().is_some_and(|p| p.target == id) {
+                    self.probe = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Marks `id` as vouched for by `voucher` (an anchor holding a connection to it), or clears
+    /// the mark with `None`. While vouched, no suspicion of it is raised or accepted, and one
+    /// already running is lifted. The mark ends when the voucher is removed.
+    pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
+        let Some(m) = self.members.get_mut(&id) else { return };
+        m.voucher = voucher;
+        if voucher.is_some() {
+            if let Standing::Suspect(s) = &m.standing {
+                self.suspicions.remove(&(s.deadline, id));
+                m.standing = Standing::Alive;
+                self.events.push_back(Event::Alive(id));
+            }
+        }
+    }
+
+    /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
+    /// member it vouched for): suspects it as a failed probe would.
+    pub fn suspect(&mut self, now: Time, id: NodeId) {
+        self.advance(now);
+        self.suspect_locally(id);
+    }
+
+    // ----- inputs -----------------------------------------------------------------------------
+
+    /// A ping from `from`: answer it.
+    pub fn on_ping(&mut self, now: Time, from: NodeId, seq: u32) {
+        self.advance(now);
+        self.actions.push_back(Action::SendAck { to: from, seq });
+    }
+
+    /// A ping-req from `from`: ping `target` on its behalf and forward the ack, or nack if none
+    /// comes within 80% of the probe timeout (so the nack reaches the prober within its period).
+    pub fn on_ping_req(&mut self, now: Time, from: NodeId, target: NodeId, seq: u32) {
+        self.advance(now);
+        if target == self.local {
+            self.actions.push_back(Action::SendAck { to: from, seq });
+            return;
+        }
+        if self.relays.len() >= MAX_RELAYS {
+            return;
+        }
+        let relay_seq = self.take_seq();
+        let nack_at = now + self.config.probe_timeout * 4 / 5;
+        self.relays.push(Relay { seq: relay_seq, origin: from, origin_seq: seq, target, nack_at });
+        self.actions.push_back(Action::SendPing { to: target, seq: relay_seq });
+    }
+
+    /// An ack from `from` for `seq`: the target of our probe answered (directly or through a
+    /// helper), or the target of a ping-req we serve answered and we forward it.
+    pub fn on_ack(&mut self, now: Time, from: NodeId, seq: u32) {
+        self.advance(now);
+        if let Some(i) = self.relays.iter().position(|r| r.seq == seq && r.target == from) {
+            let r = self.relays.swap_remove(i);
+            self.actions.push_back(Action::SendAck { to: r.origin, seq: r.origin_seq });
+            return;
+        }
+        let answered =
+            self.probe.as_ref().is_some_and(|p| p.seq == seq && (p.target == from || p.vias.contains(&from)));
+        if answered {
+            self.probe = None;
+            self.health = self.health.saturating_sub(1);
+        }
+    }
+
+    /// A nack from helper `from` for our probe `seq`: the target did not answer it, but our
+    /// link to the helper works.
+    pub fn on_nack(&mut self, now: Time, from: NodeId, seq: u32) {
+        self.advance(now);
+        if let Some(p) = self.probe.as_mut() {
+            if p.seq == seq && p.vias.contains(&from) && !p.nacks.contains(&from) {
+                p.nacks.push(from);
+            }
+        }
+    }
+
+    /// A gossiped suspicion of `id` at `incarnation`, raised by `from`. About this node: it
+    /// refutes ([`Action::GossipAlive`]). About a member: starts a suspicion or counts `from` as
+    /// an independent confirmation, which shortens it.
+    pub fn on_suspect_gossip(&mut self, now: Time, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
+        self.advance(now);
+        if id == self.local {
+            if incarnation >= self.incarnation {
+                self.incarnation = incarnation.saturating_add(1);
+                self.worse_health(1);
+                self.actions.push_back(Action::GossipAlive { incarnation: self.incarnation });
+            }
+            return Rumor::Drop;
+        }
+        self.raise_suspicion(id, incarnation, from)
+    }
+
+    /// A gossiped announcement that `id` is alive at `incarnation`: refutes a suspicion of an
+    /// older incarnation.
+    pub fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
+        self.advance(now);
+        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
+        if matches!(m.standing, Standing::Confirmed) || incarnation <= m.incarnation {
+            return Rumor::Drop;
+        }
+        m.incarnation = incarnation;
+        if let Standing::Suspect(s) = &m.standing {
+            self.suspicions.remove(&(s.deadline, id));
+            m.standing = Standing::Alive;
+            self.events.push_back(Event::Alive(id));
+        }
+        Rumor::Spread
+    }
+
+    /// Handles every deadline due at `now`: suspicions that ran out, ping-reqs that got no ack,
+    /// the switch to indirect probing, and the next protocol period.
+    pub fn on_timeout(&mut self, now: Time) {
+        self.advance(now);
+        let now = self.now;
+        while let Some(&(at, id)) = self.suspicions.first() {
+            if at > now {
+                break;
+            }
+            self.suspicions.pop_first();
+            self.confirm(id);
+        }
+        let mut i = 0;
+        while i < self.relays.len() {
+            if self.relays[i].nack_at <= now {
+                let r = self.relays.swap_remove(i);
+                self.actions.push_back(Action::SendNack { to: r.origin, seq: r.origin_seq });
+            } else {
+                i += 1;
+            }
+        }
+        if self.probe.as_ref().and_then(|p| p.indirect_at).is_some_and(|at| at <= now) {
+            self.probe_indirectly();
+        }
+        if self.next_probe <= now {
+            self.next_period();
+        }
+    }
+
+    // ----- outputs and state ------------------------------------------------------------------
+
+    /// The next message to send or update to spread.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next change of a member's standing.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Swim::on_timeout`] must be called next.
+    pub fn next_deadline(&self) -> Time {
+        let suspicion = self.suspicions.first().map_or(Time::NEVER, |&(at, _)| at);
+        let relay = self.relays.iter().map(|r| r.nack_at).min().unwrap_or(Time::NEVER);
+        let indirect = self.probe.as_ref().and_then(|p| p.indirect_at).unwrap_or(Time::NEVER);
+        suspicion.min(relay).min(indirect).min(self.next_probe)
+    }
+
+    /// The local health multiplier, `0..=max_health`; 0 is healthy.
+    pub fn health(&self) -> u8 {
+        self.health
+    }
+
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Raises this node's incarnation to at least `incarnation` (the node moved its record on).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.incarnation = self.incarnation.max(incarnation);
+    }
+
+    /// Members known, this node excluded.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The cluster size the timeouts are computed for: members and this node.
+    pub fn cluster_size(&self) -> usize {
+        self.members.len() + 1
+    }
+
+    /// True while `id` is suspected.
+    pub fn is_suspect(&self, id: &NodeId) -> bool {
+        self.members.get(id).is_some_and(|m| matches!(m.standing, Standing::Suspect(_)))
+    }
+
+    /// True once a suspicion of `id` ran out (until it is removed).
+    pub fn is_confirmed(&self, id: &NodeId) -> bool {
+        self.members.get(id).is_some_and(|m| matches!(m.standing, Standing::Confirmed))
+    }
+
+    /// The incarnation known for member `id`.
+    pub fn member_incarnation(&self, id: &NodeId) -> Option<u64> {
+        self.members.get(id).map(|m| m.incarnation)
+    }
+
+    /// The period and probe timeout at the current local health.
+    pub fn scaled_timing(&self) -> (Duration, Duration) {
+        let scale = u32::from(self.health) + 1;
+        (self.config.protocol_period.saturating_mul(scale), self.config.probe_timeout.saturating_mul(scale))
+    }
+
+    // ----- internals --------------------------------------------------------------------------
+
+    /// Time never goes backwards.
+    fn advance(&mut self, now: Time) {
+        self.now = self.now.max(now);
+    }
+
+    fn take_seq(&mut self) -> u32 {
+        let s = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        s
+    }
+
+    fn worse_health(&mut self, by: usize) {
+        let by = u8::try_from(by).unwrap_or(u8::MAX);
+        self.health = self.health.saturating_add(by).min(self.config.max_health);
+    }
+
+    /// Inserts `id` at a random position of the probe order; ahead of the cursor it is probed in
+    /// this pass, behind it in the next.
+    fn join_order(&mut self, id: NodeId) {
+        let at = self.rng.random_range(0..=self.order.len());
+        self.order.insert(at, id);
+        if at < self.cursor {
+            self.cursor += 1;
+        }
+    }
+
+    fn leave_order(&mut self, id: NodeId) {
+        if let Some(at) = self.order.iter().position(|m| *m == id) {
+            self.order.remove(at);
+            if at < self.cursor {
+                self.cursor -= 1;
+            }
+        }
+    }
+
+    /// Judges the last period's probe and starts the next one.
+    fn next_period(&mut self) {
+        if let Some(p) = self.probe.take() {
+            self.probe_failed(p);
+        }
+        let (period, timeout) = self.scaled_timing();
+        self.next_probe = self.now + period;
+        if self.cursor >= self.order.len() {
+            // A new pass: shuffle (Fisher-Yates) so that the order is unpredictable.
+            for i in (1..self.order.len()).rev() {
+                let j = self.rng.random_range(0..=i);
+                self.order.swap(i, j);
+            }
+            self.cursor = 0;
+            self.passes += 1;
+        }
+        let Some(&target) = self.order.get(self.cursor) else { return };
+        self.cursor += 1;
+        let seq = self.take_seq();
+        self.probe =
+            Some(Probe { target, seq, indirect_at: Some(self.now + timeout), vias: Vec::new(), nacks: Vec::new() });
+        self.actions.push_back(Action::SendPing { to: target, seq });
+    }
+
+    fn probe_indirectly(&mut self) {
+        let Some(p) = self.probe.as_ref() else { return };
+        let (target, seq) = (p.target, p.seq);
+        let vias = self.pick_helpers(target, self.config.indirect_probes);
+        for &via in &vias {
+            self.actions.push_back(Action::SendPingReq { via, target, seq });
+        }
+        if let Some(p) = self.probe.as_mut() {
+            p.indirect_at = None;
+            p.vias = vias;
+        }
+    }
+
+    /// Up to `k` distinct members, not `target`, probeable and not suspected.
+    fn pick_helpers(&mut self, target: NodeId, k: usize) -> Vec<NodeId> {
+        let healthy = |members: &HashMap<NodeId, Member, FixedState>, id: &NodeId| {
+            *id != target && members.get(id).is_some_and(|m| matches!(m.standing, Standing::Alive))
+        };
+        let mut picked = Vec::with_capacity(k);
+        if self.order.len() < SCAN_BELOW {
+            let mut pool: Vec<NodeId> = self.order.iter().copied().filter(|id| healthy(&self.members, id)).collect();
+            while picked.len() < k && !pool.is_empty() {
+                let i = self.rng.random_range(0..pool.len());
+                picked.push(pool.swap_remove(i));
+            }
+            return picked;
+        }
+        for _ in 0..k * 4 {
+            let id = self.order[self.rng.random_range(0..self.order.len())];
+            if healthy(&self.members, &id) && !picked.contains(&id) {
+                picked.push(id);
+                if picked.len() == k {
+                    break;
+                }
+            }
+        }
+        picked
+    }
+
+    fn probe_failed(&mut self, p: Probe) {
+        // Lifeguard: with helpers, every nack we did not get is a sign that our own links or our
+        // own processing are slow; without helpers, only the failed probe itself counts.
+        let missed = if p.vias.is_empty() { 1 } else { p.vias.len() - p.nacks.len() };
+        self.worse_health(missed);
+        self.suspect_locally(p.target);
+    }
+
+    fn suspect_locally(&mut self, id: NodeId) {
+        let Some(incarnation) = self.members.get(&id).map(|m| m.incarnation) else { return };
+        if self.raise_suspicion(id, incarnation, self.local) == Rumor::Spread {
+            self.actions.push_back(Action::GossipSuspect { id, incarnation });
+        }
+    }
+
+    fn raise_suspicion(&mut self, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
+        let now = self.now;
+        let n = self.cluster_size();
+        let (min, max) = self.config.suspicion_bounds(n);
+        // Lifeguard: expect K confirmations only where K other members could give them.
+        let k = self.config.suspicion_confirmations;
+        let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
+        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
+        if incarnation < m.incarnation || m.voucher.is_some() {
+            return Rumor::Drop;
+        }
+        m.incarnation = incarnation;
+        match &mut m.standing {
+            Standing::Confirmed => Rumor::Drop,
+            Standing::Suspect(s) => {
+                if s.suspecters.contains(&from) || s.suspecters.len() > s.expected as usize {
+                    return Rumor::Drop;
+                }
+                s.suspecters.push(from);
+                let confirmations = u32::try_from(s.suspecters.len() - 1).unwrap_or(u32::MAX);
+                let deadline = s.started + suspicion_timeout(s.min, s.max, confirmations, s.expected);
+                self.suspicions.remove(&(s.deadline, id));
+                s.deadline = deadline;
+                self.suspicions.insert((deadline, id));
+                Rumor::Spread
+            }
+            Standing::Alive => {
+                let deadline = now + suspicion_timeout(min, max, 0, expected);
+                m.standing =
+                    Standing::Suspect(Suspicion { started: now, deadline, min, max, expected, suspecters: vec![from] });
+                self.suspicions.insert((deadline, id));
+                self.events.push_back(Event::Suspect(id));
+                Rumor::Spread
+            }
+        }
+    }
+
+    fn confirm(&mut self, id: NodeId) {
+        let Some(m) = self.members.get_mut(&id) else { return };
+        if !matches!(m.standing, Standing::Suspect(_)) {
+            return;
+        }
+        let was_probed = m.probeable;
+        m.standing = Standing::Confirmed;
+        if was_probed {
+            self.leave_order(id);
+        }
+        if self.probe.as_ref().is_some_and(|p| p.target == id) {
+            self.probe = None;
+        }
+        self.events.push_back(Event::Confirm(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn id(n: u64) -> NodeId {
+        NodeId::from_u64(n)
+    }
+
+    const ME: NodeId = NodeId::from_u64(0);
+
+    fn config() -> SwimConfig {
+        SwimConfig::default()
+    }
+
+    /// A detector for node 0 with members `1..=n`, all probeable.
+    fn swim(n: u64) -> Swim {
+        let mut s = Swim::new(ME, config(), 7, Time::ZERO);
+        for i in 1..=n {
+            s.add_member(Time::ZERO, id(i), 0, true);
+        }
+        s
+    }
+
+    fn actions(s: &mut Swim) -> Vec<Action> {
+        core::iter::from_fn(|| s.poll_action()).collect()
+    }
+
+    fn events(s: &mut Swim) -> Vec<Event> {
+        core::iter::from_fn(|| s.poll_event()).collect()
+    }
+
+    /// Runs to the next deadline and returns the actions it produced.
+    fn step(s: &mut Swim) -> (Time, Vec<Action>) {
+        let at = s.next_deadline();
+        s.on_timeout(at);
+        (at, actions(s))
+    }
+
+    /// Steps until a ping goes out; returns its time, target and seq.
+    fn next_ping(s: &mut Swim) -> (Time, NodeId, u32) {
+        loop {
+            let (at, acts) = step(s);
+            for a in acts {
+                if let Action::SendPing { to, seq } = a {
+                    return (at, to, seq);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn detector_is_send_and_small_enums() {
+        fn is_send<T: Send>() {}
+        is_send::<Swim>();
+        assert!(core::mem::size_of::<Action>() <= 48);
+        assert!(core::mem::size_of::<Event>() <= 24);
+    }
+
+    #[test]
+    fn config_validation_names_the_problem() {
+        assert_eq!(config().validate(), Ok(()));
+        let mut c = config();
+        c.probe_timeout = c.protocol_period;
+        assert!(c.validate().unwrap_err().to_string().contains("probe_timeout"));
+        c = config();
+        c.suspicion_max_periods = 1;
+        assert!(matches!(c.validate(), Err(SwimConfigError::SuspicionBounds { .. })));
+        c = config();
+        c.protocol_period = Duration::ZERO;
+        assert_eq!(c.validate(), Err(SwimConfigError::ZeroPeriod));
+        // A bad config still runs, clamped.
+        let mut s = Swim::new(ME, c, 1, Time::ZERO);
+        s.add_member(Time::ZERO, id(1), 0, true);
+        let (_, to, _) = next_ping(&mut s);
+        assert_eq!(to, id(1));
+    }
+
+    #[test]
+    fn a_ping_is_answered_with_an_ack() {
+        let mut s = swim(0);
+        s.on_ping(Time::ZERO, id(9), 42);
+        assert_eq!(actions(&mut s), vec![Action::SendAck { to: id(9), seq: 42 }]);
+    }
+
+    #[test]
+    fn one_probe_per_period_and_an_ack_keeps_the_member_alive() {
+        let mut s = swim(3);
+        let (t0, target, seq) = next_ping(&mut s);
+        assert!(t0 < Time::from_secs(1), "first probe within the first period");
+        s.on_ack(t0 + Duration::from_millis(10), target, seq);
+        let (t1, _, _) = next_ping(&mut s);
+        assert_eq!(t1 - t0, Duration::from_secs(1));
+        assert!(events(&mut s).is_empty());
+        assert_eq!(s.health(), 0);
+    }
+
+    #[test]
+    fn no_ack_leads_to_indirect_probes_then_suspicion() {
+        let mut s = swim(5);
+        let (t0, target, seq) = next_ping(&mut s);
+        let (t, acts) = step(&mut s);
+        assert_eq!(t - t0, Duration::from_millis(500), "indirect after the probe timeout");
+        let vias: Vec<NodeId> = acts
+            .iter()
+            .map(|a| match a {
+                Action::SendPingReq { via, target: t, seq: q } => {
+                    assert_eq!((*t, *q), (target, seq));
+                    *via
+                }
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(vias.len(), 3);
+        assert!(!vias.contains(&target) && !vias.contains(&ME));
+        // Every helper answers with a nack: our links are fine, the target is not.
+        for v in &vias {
+            s.on_nack(t, *v, seq);
+        }
+        let (t1, acts) = step(&mut s);
+        assert_eq!(t1 - t0, Duration::from_secs(1));
+        assert!(acts.contains(&Action::GossipSuspect { id: target, incarnation: 0 }));
+        assert_eq!(events(&mut s), vec![Event::Suspect(target)]);
+        assert!(s.is_suspect(&target));
+        assert_eq!(s.health(), 0, "all nacks came back: no local health penalty");
+    }
+
+    #[test]
+    fn an_ack_forwarded_by_a_helper_counts() {
+        let mut s = swim(5);
+        let (_, target, seq) = next_ping(&mut s);
+        let (t, acts) = step(&mut s);
+        let Some(Action::SendPingReq { via, .. }) = acts.first().copied() else { panic!("{acts:?}") };
+        s.on_ack(t, via, seq);
+        let (_, acts) = step(&mut s);
+        assert!(!acts.iter().any(|a| matches!(a, Action::GossipSuspect { .. })));
+        assert!(!s.is_suspect(&target));
+        // A stranger's ack for the same seq would not have counted.
+        let mut s = swim(5);
+        let (_, target, seq) = next_ping(&mut s);
+        step(&mut s);
+        s.on_ack(Time::from_secs(1), id(99), seq);
+        step(&mut s);
+        assert!(s.is_suspect(&target));
+    }
+
+    #[test]
+    fn helpers_relay_pings_and_forward_acks_or_nack() {
+        let mut s = swim(0);
+        s.on_ping_req(Time::ZERO, id(1), id(2), 77);
+        let [Action::SendPing { to, seq }] = actions(&mut s)[..] else { panic!() };
+        assert_eq!(to, id(2));
+        s.on_ack(Time::from_millis(5), id(2), seq);
+        assert_eq!(actions(&mut s), vec![Action::SendAck { to: id(1), seq: 77 }]);
+
+        s.on_ping_req(Time::from_millis(10), id(1), id(3), 78);
+        actions(&mut s);
+        let mut out = Vec::new();
+        while s.now < Time::from_millis(410) {
+            let at = s.next_deadline();
+            s.on_timeout(at);
+            out.extend(actions(&mut s));
+        }
+        assert_eq!(s.now, Time::from_millis(410), "nack due at 80% of the probe timeout");
+        assert_eq!(out, vec![Action::SendNack { to: id(1), seq: 78 }]);
+        // A late ack is not forwarded.
+        s.on_ack(s.now, id(3), seq.wrapping_add(1));
+        assert!(actions(&mut s).is_empty());
+    }
+
+    #[test]
+    fn relays_are_bounded() {
+        let mut s = swim(0);
+        for i in 0..(MAX_RELAYS as u64 + 10) {
+            s.on_ping_req(Time::ZERO, id(1), id(100 + i), 0);
+        }
+        assert_eq!(actions(&mut s).len(), MAX_RELAYS);
+    }
+
+    #[test]
+    fn missed_nacks_and_failed_probes_raise_local_health_and_acks_lower_it() {
+        let mut s = swim(5);
+        next_ping(&mut s);
+        step(&mut s); // ping-reqs to 3 helpers, none answers
+        let (t0, acts) = step(&mut s); // the probe fails and the next one starts
+        assert_eq!(s.health(), 3, "three missed nacks");
+        // The period is now stretched by LHM + 1.
+        let (period, timeout) = s.scaled_timing();
+        assert_eq!((period, timeout), (Duration::from_secs(4), Duration::from_secs(2)));
+        let Some(&Action::SendPing { to, seq }) = acts.iter().find(|a| matches!(a, Action::SendPing { .. })) else {
+            panic!("no probe in {acts:?}")
+        };
+        s.on_ack(t0, to, seq);
+        assert_eq!(s.health(), 2);
+        let (t1, _, _) = next_ping(&mut s);
+        assert_eq!(t1 - t0, Duration::from_secs(4), "period set when the probe started");
+    }
+
+    #[test]
+    fn local_health_saturates() {
+        // One member: no helpers, +1 per failed probe. Vouched, so that it is never confirmed
+        // and stays in the probe order.
+        let mut s = swim(1);
+        s.set_voucher(id(1), Some(id(99)));
+        for _ in 0..40 {
+            next_ping(&mut s);
+            step(&mut s);
+        }
+        assert_eq!(s.health(), config().max_health);
+    }
+
+    #[test]
+    fn a_suspicion_about_ourselves_is_refuted_with_a_higher_incarnation() {
+        let mut s = swim(3);
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, ME, 5, id(1)), Rumor::Drop);
+        assert_eq!(actions(&mut s), vec![Action::GossipAlive { incarnation: 6 }]);
+        assert_eq!((s.incarnation(), s.health()), (6, 1));
+        // An older rumor needs no new refutation.
+        let _ = s.on_suspect_gossip(Time::ZERO, ME, 5, id(2));
+        assert!(actions(&mut s).is_empty());
+    }
+
+    #[test]
+    fn refutation_lifts_a_suspicion_and_stale_news_is_dropped() {
+        let mut s = swim(3);
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 4, id(2)), Rumor::Spread);
+        assert_eq!(events(&mut s), vec![Event::Suspect(id(1))]);
+        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 4), Rumor::Drop, "same incarnation does not refute");
+        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 5), Rumor::Spread);
+        assert_eq!(events(&mut s), vec![Event::Alive(id(1))]);
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 4, id(3)), Rumor::Drop, "older than the refutation");
+        assert!(!s.is_suspect(&id(1)));
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(77), 0, id(3)), Rumor::Drop, "unknown member");
+    }
+
+    #[test]
+    fn suspicion_runs_out_into_confirmation_and_the_member_is_no_longer_probed() {
+        let mut s = swim(3);
+        let _ = s.on_suspect_gossip(Time::ZERO, id(1), 0, id(2));
+        // 4 members: no confirmations expected (n - 2 < K), so the shortest timeout applies.
+        let (min, _) = config().suspicion_bounds(4);
+        assert_eq!(min, Duration::from_secs(4));
+        let mut confirmed_at = None;
+        while confirmed_at.is_none() {
+            let (at, acts) = step(&mut s);
+            for a in acts {
+                if let Action::SendPing { to, seq } = a {
+                    assert!(!s.is_confirmed(&to), "a confirmed member was probed");
+                    s.on_ack(at, to, seq);
+                }
+            }
+            if events(&mut s).contains(&Event::Confirm(id(1))) {
+                confirmed_at = Some(at);
+            }
+        }
+        assert_eq!(confirmed_at, Some(Time::ZERO + min));
+        assert!(s.is_confirmed(&id(1)));
+        for _ in 0..10 {
+            let (_, to, seq) = next_ping(&mut s);
+            assert_ne!(to, id(1));
+            s.on_ack(s.now, to, seq);
+        }
+        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 9), Rumor::Drop, "confirmed is final");
+        assert!(s.remove_member(id(1)));
+    }
+
+    #[test]
+    fn independent_confirmations_shorten_the_suspicion() {
+        let mut s = swim(20);
+        let (min, max) = config().suspicion_bounds(21);
+        let _ = s.on_suspect_gossip(Time::ZERO, id(1), 0, id(2));
+        assert_eq!(s.suspicion_deadline(id(1)) - Time::ZERO, max);
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(2)), Rumor::Drop, "same suspecter again");
+        let mut last = max;
+        for c in 3..=5 {
+            assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(c)), Rumor::Spread);
+            let now = s.suspicion_deadline(id(1)) - Time::ZERO;
+            assert!(now < last, "confirmation {c} did not shorten the timeout");
+            last = now;
+        }
+        assert_eq!(last, min);
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(6)), Rumor::Drop, "beyond K is no news");
+    }
+
+    #[test]
+    fn vouched_members_are_not_suspected_until_the_voucher_goes() {
+        let mut s = swim(3);
+        s.add_member(Time::ZERO, id(10), 0, false);
+        s.set_voucher(id(10), Some(id(1)));
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(2)), Rumor::Drop);
+        s.suspect(Time::ZERO, id(10));
+        assert!(!s.is_suspect(&id(10)));
+        s.remove_member(id(1));
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(2)), Rumor::Spread);
+        assert!(s.is_suspect(&id(10)));
+        s.set_voucher(id(10), Some(id(3)));
+        assert!(!s.is_suspect(&id(10)));
+        assert_eq!(events(&mut s), vec![Event::Suspect(id(10)), Event::Alive(id(10))]);
+    }
+
+    #[test]
+    fn unprobeable_members_are_never_probed() {
+        let mut s = swim(2);
+        s.add_member(Time::ZERO, id(10), 0, false);
+        s.add_member(Time::ZERO, id(11), 0, true);
+        s.set_probeable(id(11), false);
+        for _ in 0..30 {
+            let (t, to, seq) = next_ping(&mut s);
+            assert!(to == id(1) || to == id(2), "probed {to:?}");
+            s.on_ack(t, to, seq);
+        }
+    }
+
+    #[test]
+    fn same_seed_same_probes() {
+        let run = || {
+            let mut s = swim(30);
+            (0..60)
+                .map(|_| {
+                    let (t, to, seq) = next_ping(&mut s);
+                    s.on_ack(t, to, seq);
+                    (t, to)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+    }
+
+    impl Swim {
+        fn suspicion_deadline(&self, id: NodeId) -> Time {
+            match &self.members[&id].standing {
+                Standing::Suspect(s) => s.deadline,
+                _ => Time::NEVER,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn suspicion_timeout_is_within_bounds_and_non_increasing(
+            min_ms in 0u64..100_000,
+            extra_ms in 0u64..100_000,
+            expected in 0u32..12,
+        ) {
+            let (min, max) = (Duration::from_millis(min_ms), Duration::from_millis(min_ms + extra_ms));
+            let mut last = max;
+            for c in 0..=expected + 2 {
+                let t = suspicion_timeout(min, max, c, expected);
+                prop_assert!(t >= min && t <= max, "{:?} outside [{:?}, {:?}]", t, min, max);
+                prop_assert!(t <= last, "grew with confirmation {}", c);
+                last = t;
+            }
+            prop_assert_eq!(suspicion_timeout(min, max, expected, expected), min);
+            if expected > 0 {
+                prop_assert_eq!(suspicion_timeout(min, max, 0, expected), max);
+            }
+        }
+
+        #[test]
+        fn suspicion_bounds_grow_with_the_cluster(a in 1usize..100_000, b in 1usize..100_000) {
+            let c = config();
+            let (small, large) = (a.min(b), a.max(b));
+            let (min_s, max_s) = c.suspicion_bounds(small);
+            let (min_l, max_l) = c.suspicion_bounds(large);
+            prop_assert!(min_s <= min_l && max_s <= max_l);
+            prop_assert!(min_s <= max_s && min_s >= c.protocol_period * c.suspicion_min_periods);
+        }
+
+        /// Random acks, nacks and silence: local health stays within bounds and, within a pass,
+        /// no member is probed twice, while members join and leave.
+        #[test]
+        fn health_is_bounded_and_no_member_is_probed_twice_in_a_pass(
+            seed in any::<u64>(),
+            steps in prop::collection::vec((0u8..6, 0u64..40), 1..300),
+        ) {
+            let mut s = Swim::new(ME, config(), seed, Time::ZERO);
+            for i in 1..=12 {
+                s.add_member(Time::ZERO, id(i), 0, true);
+            }
+            let mut pass = s.passes;
+            let mut seen: Vec<NodeId> = Vec::new();
+            for (what, n) in steps {
+                let at = s.next_deadline();
+                s.on_timeout(at);
+                for a in actions(&mut s) {
+                    if let Action::SendPing { to, seq } = a {
+                        if s.passes != pass {
+                            pass = s.passes;
+                            seen.clear();
+                        }
+                        if s.probe.as_ref().is_some_and(|p| p.seq == seq) {
+                            prop_assert!(!seen.contains(&to), "{:?} probed twice in pass {}", to, pass);
+                            seen.push(to);
+                        }
+                        if what == 0 {
+                            s.on_ack(at, to, seq);
+                        }
+                    }
+                    if let Action::SendPingReq { via, seq, .. } = a {
+                        if what == 1 {
+                            s.on_nack(at, via, seq);
+                        }
+                    }
+                }
+                match what {
+                    2 => { s.add_member(at, id(n), 0, true); }
+                    3 => {
+                        // A member that leaves and joins again is a new member.
+                        s.remove_member(id(n));
+                        seen.retain(|m| *m != id(n));
+                    }
+                    4 => { let _ = s.on_suspect_gossip(at, ME, n, id(1)); }
+                    _ => {}
+                }
+                prop_assert!(s.health() <= config().max_health);
+                let _ = events(&mut s);
+            }
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Failure detection across a cluster: SWIM detectors exchanging probes over a lossy network in
+//! virtual time, with suspicions, refutations and deaths piggybacked through broadcast queues the
+//! way the node will carry them.
+//!
+//! Replay a failing seed with `cargo test -p tela-core --test swim_failure_detection`; every
+//! assertion names its seed.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use tela_core::broadcast::{BroadcastQueue, Update};
+use tela_core::swim::{Action, Event, Rumor, Swim, SwimConfig};
+use tela_core::{NodeId, Time};
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+/// Bytes of a datagram left for piggybacked gossip after the probe message.
+const PIGGYBACK_BUDGET: usize = 400;
+/// What one gossip item costs on the wire (an id, an incarnation, a kind, a suspecter).
+const GOSSIP_LEN: usize = 42;
+
+/// A probe message.
+#[derive(Clone, Copy, Debug)]
+enum Probe {
+    Ping(u32),
+    PingReq(NodeId, u32),
+    Ack(u32),
+    Nack(u32),
+}
+
+/// News about one member, as the node will piggyback it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gossip {
+    Suspect { id: NodeId, incarnation: u64, from: NodeId },
+    Alive { id: NodeId, incarnation: u64 },
+    Dead { id: NodeId },
+}
+
+impl Update for Gossip {
+    fn key(&self) -> NodeId {
+        match *self {
+            Gossip::Suspect { id, .. } | Gossip::Alive { id, .. } | Gossip::Dead { id } => id,
+        }
+    }
+
+    /// Dead covers everything; otherwise the higher incarnation wins and, at one incarnation, a
+    /// suspicion covers an alive. Suspicions from different suspecters replace each other, which
+    /// is what spreads confirmations.
+    fn covers(&self, other: &Self) -> bool {
+        match (*self, *other) {
+            (Gossip::Dead { .. }, _) => true,
+            (_, Gossip::Dead { .. }) => false,
+            (Gossip::Alive { incarnation: a, .. }, Gossip::Alive { incarnation: b, .. }) => a >= b,
+            (Gossip::Alive { incarnation: a, .. }, Gossip::Suspect { incarnation: b, .. }) => a > b,
+            (Gossip::Suspect { incarnation: a, .. }, Gossip::Alive { incarnation: b, .. }) => a >= b,
+            (Gossip::Suspect { incarnation: a, from: f, .. }, Gossip::Suspect { incarnation: b, from: g, .. }) => {
+                a > b || (a == b && f == g)
+            }
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        GOSSIP_LEN
+    }
+}
+
+struct Member {
+    id: NodeId,
+    swim: Swim,
+    queue: BroadcastQueue<Gossip>,
+    crashed: bool,
+    /// Members this one holds dead (confirmed itself or heard), with when it learned.
+    dead: BTreeMap<NodeId, Time>,
+    /// Suspicions of this member it refuted.
+    refutations: u32,
+}
+
+struct Datagram {
+    from: usize,
+    to: usize,
+    probe: Probe,
+    gossip: Vec<Gossip>,
+}
+
+/// N detectors on a network that loses each datagram with probability `loss` and delivers the
+/// rest after 1–20 ms.
+struct Cluster {
+    now: Time,
+    members: Vec<Member>,
+    net: ChaCha8Rng,
+    loss: f64,
+    in_flight: BTreeMap<(Time, u64), Datagram>,
+    sent: u64,
+}
+
+fn id(i: usize) -> NodeId {
+    NodeId::from_u64(i as u64 + 1)
+}
+
+fn index(id: NodeId) -> usize {
+    (id.short() - 1) as usize
+}
+
+impl Cluster {
+    fn new(n: usize, loss: f64, seed: u64) -> Cluster {
+        let members = (0..n)
+            .map(|i| {
+                let mut swim =
+                    Swim::new(id(i), SwimConfig::default(), seed ^ ((i as u64 + 1) * 0x9e37_79b9), Time::ZERO);
+                for j in (0..n).filter(|&j| j != i) {
+                    swim.add_member(Time::ZERO, id(j), 0, true);
+                }
+                Member {
+                    id: id(i),
+                    swim,
+                    queue: BroadcastQueue::new(2.0, 256),
+                    crashed: false,
+                    dead: BTreeMap::new(),
+                    refutations: 0,
+                }
+            })
+            .collect();
+        Cluster {
+            now: Time::ZERO,
+            members,
+            net: ChaCha8Rng::seed_from_u64(seed),
+            loss,
+            in_flight: BTreeMap::new(),
+            sent: 0,
+        }
+    }
+
+    fn send(&mut self, from: usize, to: NodeId, probe: Probe) {
+        let n = self.members[from].swim.cluster_size();
+        let mut gossip = Vec::new();
+        self.members[from].queue.fill(PIGGYBACK_BUDGET, n, |g| gossip.push(*g));
+        self.sent += 1;
+        if self.net.random_bool(self.loss) {
+            return;
+        }
+        let at = self.now + Duration::from_millis(self.net.random_range(1..=20));
+        self.in_flight.insert((at, self.sent), Datagram { from, to: index(to), probe, gossip });
+    }
+
+    /// Turns everything member `i` wants to send or spread into datagrams and queued gossip.
+    fn drain(&mut self, i: usize) {
+        let me = self.members[i].id;
+        while let Some(a) = self.members[i].swim.poll_action() {
+            match a {
+                Action::SendPing { to, seq } => self.send(i, to, Probe::Ping(seq)),
+                Action::SendPingReq { via, target, seq } => self.send(i, via, Probe::PingReq(target, seq)),
+                Action::SendAck { to, seq } => self.send(i, to, Probe::Ack(seq)),
+                Action::SendNack { to, seq } => self.send(i, to, Probe::Nack(seq)),
+                Action::GossipSuspect { id, incarnation } => {
+                    self.members[i].queue.push(Gossip::Suspect { id, incarnation, from: me });
+                }
+                Action::GossipAlive { incarnation } => {
+                    self.members[i].refutations += 1;
+                    self.members[i].queue.push(Gossip::Alive { id: me, incarnation });
+                }
+            }
+        }
+        while let Some(e) = self.members[i].swim.poll_event() {
+            if let Event::Confirm(dead) = e {
+                self.mark_dead(i, dead);
+            }
+        }
+    }
+
+    fn mark_dead(&mut self, i: usize, dead: NodeId) {
+        let now = self.now;
+        let m = &mut self.members[i];
+        if m.dead.contains_key(&dead) {
+            return;
+        }
+        m.dead.insert(dead, now);
+        m.swim.remove_member(dead);
+        m.queue.push(Gossip::Dead { id: dead });
+    }
+
+    fn deliver(&mut self, d: Datagram) {
+        let now = self.now;
+        let (i, from) = (d.to, self.members[d.from].id);
+        if self.members[i].crashed {
+            return;
+        }
+        let me = self.members[i].id;
+        for g in d.gossip {
+            let m = &mut self.members[i];
+            match g {
+                Gossip::Dead { id } if id == me => {
+                    // The node would start a new generation; here it is a false death.
+                    m.dead.insert(id, now);
+                }
+                Gossip::Dead { id } => self.mark_dead(i, id),
+                Gossip::Suspect { id, .. } | Gossip::Alive { id, .. } if m.dead.contains_key(&id) => {}
+                Gossip::Suspect { id, incarnation, from } => {
+                    if m.swim.on_suspect_gossip(now, id, incarnation, from) == Rumor::Spread {
+                        m.queue.push(g);
+                    }
+                }
+                Gossip::Alive { id, incarnation } => {
+                    if m.swim.on_alive_gossip(now, id, incarnation) == Rumor::Spread {
+                        m.queue.push(g);
+                    }
+                }
+            }
+        }
+        let swim = &mut self.members[i].swim;
+        match d.probe {
+            Probe::Ping(seq) => swim.on_ping(now, from, seq),
+            Probe::PingReq(target, seq) => swim.on_ping_req(now, from, target, seq),
+            Probe::Ack(seq) => swim.on_ack(now, from, seq),
+            Probe::Nack(seq) => swim.on_nack(now, from, seq),
+        }
+        self.drain(i);
+    }
+
+    /// Runs until `end`, delivering datagrams and firing deadlines in time order.
+    fn run_until(&mut self, end: Time) {
+        loop {
+            let timers =
+                self.members.iter().filter(|m| !m.crashed).map(|m| m.swim.next_deadline()).min().unwrap_or(Time::NEVER);
+            let arrival = self.in_flight.keys().next().map_or(Time::NEVER, |&(at, _)| at);
+            let next = timers.min(arrival);
+            if next > end {
+                self.now = end;
+                return;
+            }
+            self.now = self.now.max(next);
+            if arrival <= timers {
+                if let Some((_, d)) = self.in_flight.pop_first() {
+                    self.deliver(d);
+                }
+                continue;
+            }
+            for i in 0..self.members.len() {
+                if !self.members[i].crashed && self.members[i].swim.next_deadline() <= self.now {
+                    self.members[i].swim.on_timeout(self.now);
+                    self.drain(i);
+                }
+            }
+        }
+    }
+
+    fn crash(&mut self, i: usize) {
+        self.members[i].crashed = true;
+    }
+
+    /// Every (holder, dead member) pair among running members.
+    fn deaths(&self) -> Vec<(NodeId, NodeId, Time)> {
+        self.members
+            .iter()
+            .filter(|m| !m.crashed)
+            .flat_map(|m| m.dead.iter().map(move |(d, at)| (m.id, *d, *at)))
+            .collect()
+    }
+}
+
+#[test]
+fn a_crashed_member_is_confirmed_dead_by_every_member_within_the_bound() {
+    const N: usize = 16;
+    let config = SwimConfig::default();
+    let period = config.protocol_period;
+    // One pass for the first prober to reach it (each member probes everyone once a pass), the
+    // longest suspicion, and a few periods for the death to spread.
+    let (_, longest) = config.suspicion_bounds(N);
+    let bound = period * (N as u32 - 1) + longest + period * 10;
+    for seed in [1u64, 2, 3, 4, 5, 6, 7, 8] {
+        let mut c = Cluster::new(N, 0.0, seed);
+        c.run_until(Time::from_secs(10));
+        let victim = (seed as usize * 5) % N;
+        let crashed_at = c.now;
+        c.crash(victim);
+        c.run_until(crashed_at + bound);
+        let deaths = c.deaths();
+        let mut slowest = Duration::ZERO;
+        for m in c.members.iter().filter(|m| !m.crashed) {
+            let at = m.dead.get(&id(victim));
+            assert!(at.is_some(), "seed {seed}: {} never learned that {} died (bound {bound:?})", m.id, id(victim));
+            slowest = slowest.max(*at.unwrap_or(&Time::NEVER) - crashed_at);
+        }
+        assert!(
+            deaths.iter().all(|(_, d, _)| *d == id(victim)),
+            "seed {seed}: a live member was confirmed dead: {deaths:?}"
+        );
+        eprintln!("seed {seed}: all {} members confirmed the crash within {slowest:?} (bound {bound:?})", N - 1);
+    }
+}
+
+#[test]
+fn no_live_member_is_confirmed_dead_at_five_percent_loss() {
+    const N: usize = 16;
+    const PERIODS: u64 = 600;
+    let mut suspicions_refuted = 0;
+    // Five seeds of 16 members and one of 64.
+    for (seed, n) in [(11u64, N), (12, N), (13, N), (14, N), (15, N), (16, 64)] {
+        let mut c = Cluster::new(n, 0.05, seed);
+        c.run_until(Time::from_secs(PERIODS));
+        let deaths = c.deaths();
+        assert!(deaths.is_empty(), "seed {seed}: live members confirmed dead at 5% loss: {deaths:?}");
+        suspicions_refuted += c.members.iter().map(|m| m.refutations).sum::<u32>();
+        let health = c.members.iter().map(|m| m.swim.health()).max().unwrap_or(0);
+        eprintln!("seed {seed}, {n} members: {} datagrams, highest local health {health}", c.sent);
+    }
+    // The loss is heavy enough that some probes fail; the test only means something if
+    // suspicions were raised and refuted along the way.
+    eprintln!("refutations over all seeds: {suspicions_refuted}");
+    assert!(suspicions_refuted > 0, "no suspicion was ever raised: the test exercises nothing");
+}
+
+#[test]
+fn detection_is_deterministic_for_a_seed() {
+    let run = || {
+        let mut c = Cluster::new(8, 0.05, 99);
+        c.run_until(Time::from_secs(5));
+        c.crash(3);
+        c.run_until(Time::from_secs(60));
+        (c.sent, c.deaths())
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn dead_members_stop_being_probed() {
+    let mut c = Cluster::new(6, 0.0, 5);
+    c.run_until(Time::from_secs(2));
+    c.crash(0);
+    c.run_until(Time::from_secs(40));
+    assert!(c.members[1..].iter().all(|m| m.dead.contains_key(&id(0))));
+    let before = c.sent;
+    // Five healthy members, one probe each per period plus the acks: nothing sent to the dead.
+    c.run_until(Time::from_secs(50));
+    let per_period = (c.sent - before) / 10;
+    assert!(per_period <= 10, "{per_period} datagrams a period for 5 members");
+    let alive: HashSet<NodeId> = (1..6).map(id).collect();
+    assert!(c.in_flight.values().all(|d| alive.contains(&id(d.to))));
+}
