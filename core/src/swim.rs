@@ -472,7 +472,7 @@ impl Swim {
             return;
         }
         let relay_seq = self.take_seq();
-        let nack_at = now + self.config.probe_timeout * 4 / 5;
+        let nack_at = now + self.config.probe_timeout.saturating_mul(4) / 5;
         self.relays.push(Relay { seq: relay_seq, origin: from, origin_seq: seq, target, nack_at });
         self.actions.push_back(Action::SendPing { to: target, seq: relay_seq });
     }
@@ -736,7 +736,7 @@ impl Swim {
     fn probe_failed(&mut self, p: Probe) {
         // Lifeguard: with helpers, every nack we did not get is a sign that our own links or our
         // own processing are slow; without helpers, only the failed probe itself counts.
-        let missed = if p.vias.is_empty() { 1 } else { p.vias.len() - p.nacks.len() };
+        let missed = if p.vias.is_empty() { 1 } else { p.vias.len().saturating_sub(p.nacks.len()) };
         self.worse_health(missed);
         self.suspect_locally(p.target);
     }
@@ -1137,6 +1137,79 @@ mod tests {
                 _ => Time::NEVER,
             }
         }
+
+        /// The probe order holds each probeable, unconfirmed member once; the suspicion
+        /// deadlines are exactly those of the suspected members.
+        fn check_invariants(&self) -> Result<(), String> {
+            let mut sorted = self.order.clone();
+            sorted.sort();
+            sorted.dedup();
+            if sorted.len() != self.order.len() {
+                return Err(format!("duplicate in probe order {:?}", self.order));
+            }
+            for (id, m) in &self.members {
+                let should = m.probeable && !matches!(m.standing, Standing::Confirmed);
+                if should != self.order.contains(id) {
+                    return Err(format!("{id:?} in probe order: {}, should be {should}", !should));
+                }
+            }
+            if self.order.len() > self.members.len() || self.cursor > self.order.len() {
+                return Err(format!("cursor {} over order {:?}", self.cursor, self.order));
+            }
+            let expected: BTreeSet<(Time, NodeId)> = self
+                .members
+                .iter()
+                .filter_map(|(id, m)| match &m.standing {
+                    Standing::Suspect(s) => Some((s.deadline, *id)),
+                    _ => None,
+                })
+                .collect();
+            if expected != self.suspicions {
+                return Err(format!("suspicion deadlines {:?}, members say {expected:?}", self.suspicions));
+            }
+            if self.health > self.config.max_health {
+                return Err(format!("health {} over {}", self.health, self.config.max_health));
+            }
+            Ok(())
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Input {
+        Add(u64, u64, bool),
+        Remove(u64),
+        Probeable(u64, bool),
+        Voucher(u64, Option<u64>),
+        Suspect(u64),
+        Ping(u64, u32),
+        PingReq(u64, u64, u32),
+        AckProbe(bool),
+        Ack(u64, u32),
+        Nack(u64, u32),
+        SuspectGossip(u64, u64, u64),
+        AliveGossip(u64, u64),
+        Timeout,
+        Incarnation(u64),
+    }
+
+    fn input() -> impl Strategy<Value = Input> {
+        let n = || 0u64..10; // 0 is this node
+        prop_oneof![
+            3 => (n(), 0u64..4, any::<bool>()).prop_map(|(a, i, p)| Input::Add(a, i, p)),
+            1 => n().prop_map(Input::Remove),
+            1 => (n(), any::<bool>()).prop_map(|(a, p)| Input::Probeable(a, p)),
+            1 => (n(), prop::option::of(n())).prop_map(|(a, v)| Input::Voucher(a, v)),
+            1 => n().prop_map(Input::Suspect),
+            1 => (n(), 0u32..6).prop_map(|(a, q)| Input::Ping(a, q)),
+            1 => (n(), n(), 0u32..6).prop_map(|(a, b, q)| Input::PingReq(a, b, q)),
+            2 => any::<bool>().prop_map(Input::AckProbe),
+            1 => (n(), 0u32..6).prop_map(|(a, q)| Input::Ack(a, q)),
+            1 => (n(), 0u32..6).prop_map(|(a, q)| Input::Nack(a, q)),
+            2 => (n(), 0u64..5, n()).prop_map(|(a, i, f)| Input::SuspectGossip(a, i, f)),
+            1 => (n(), 0u64..6).prop_map(|(a, i)| Input::AliveGossip(a, i)),
+            4 => Just(Input::Timeout),
+            1 => (0u64..8).prop_map(Input::Incarnation),
+        ]
     }
 
     proptest! {
@@ -1157,6 +1230,55 @@ mod tests {
             prop_assert_eq!(suspicion_timeout(min, max, expected, expected), min);
             if expected > 0 {
                 prop_assert_eq!(suspicion_timeout(min, max, 0, expected), max);
+            }
+        }
+
+        /// Any sequence of inputs, at times that may even go backwards: no panic, and the
+        /// internal tables stay consistent.
+        #[test]
+        fn arbitrary_inputs_keep_the_detector_consistent(
+            seed in any::<u64>(),
+            inputs in prop::collection::vec((input(), 0u64..3_000_000), 1..200),
+        ) {
+            let mut s = Swim::new(ME, config(), seed, Time::ZERO);
+            let mut pings: Vec<(NodeId, u32)> = Vec::new();
+            for (i, at) in inputs {
+                let now = Time(at);
+                match i {
+                    Input::Add(a, inc, p) => { s.add_member(now, id(a), inc, p); }
+                    Input::Remove(a) => { s.remove_member(id(a)); }
+                    Input::Probeable(a, p) => s.set_probeable(id(a), p),
+                    Input::Voucher(a, v) => s.set_voucher(id(a), v.map(id)),
+                    Input::Suspect(a) => s.suspect(now, id(a)),
+                    Input::Ping(a, q) => s.on_ping(now, id(a), q),
+                    Input::PingReq(a, b, q) => s.on_ping_req(now, id(a), id(b), q),
+                    Input::AckProbe(answer) => {
+                        if let Some((to, seq)) = pings.pop() {
+                            if answer { s.on_ack(now, to, seq) } else { s.on_nack(now, to, seq) }
+                        }
+                    }
+                    Input::Ack(a, q) => s.on_ack(now, id(a), q),
+                    Input::Nack(a, q) => s.on_nack(now, id(a), q),
+                    Input::SuspectGossip(a, inc, f) => { let _ = s.on_suspect_gossip(now, id(a), inc, id(f)); }
+                    Input::AliveGossip(a, inc) => { let _ = s.on_alive_gossip(now, id(a), inc); }
+                    Input::Timeout => { let at = s.next_deadline(); if at != Time::NEVER { s.on_timeout(at); } }
+                    Input::Incarnation(inc) => s.set_incarnation(inc),
+                }
+                for a in actions(&mut s) {
+                    match a {
+                        Action::SendPing { to, seq } => pings.push((to, seq)),
+                        Action::SendPingReq { via, seq, .. } => pings.push((via, seq)),
+                        _ => {}
+                    }
+                }
+                for e in events(&mut s) {
+                    if let Event::Confirm(dead) = e {
+                        prop_assert!(s.is_confirmed(&dead));
+                    }
+                }
+                if let Err(e) = s.check_invariants() {
+                    prop_assert!(false, "{}", e);
+                }
             }
         }
 

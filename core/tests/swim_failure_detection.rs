@@ -74,6 +74,10 @@ struct Member {
     dead: BTreeMap<NodeId, Time>,
     /// Suspicions of this member it refuted.
     refutations: u32,
+    /// Suspicions it raised itself.
+    suspicions_raised: u32,
+    /// The highest local health multiplier it reached.
+    worst_health: u8,
 }
 
 struct Datagram {
@@ -92,6 +96,8 @@ struct Cluster {
     loss: f64,
     in_flight: BTreeMap<(Time, u64), Datagram>,
     sent: u64,
+    /// A member whose incoming datagrams all arrive this much later (an overloaded host).
+    slow: Option<(usize, Duration)>,
 }
 
 fn id(i: usize) -> NodeId {
@@ -104,10 +110,13 @@ fn index(id: NodeId) -> usize {
 
 impl Cluster {
     fn new(n: usize, loss: f64, seed: u64) -> Cluster {
+        Cluster::with_config(n, loss, seed, SwimConfig::default())
+    }
+
+    fn with_config(n: usize, loss: f64, seed: u64, config: SwimConfig) -> Cluster {
         let members = (0..n)
             .map(|i| {
-                let mut swim =
-                    Swim::new(id(i), SwimConfig::default(), seed ^ ((i as u64 + 1) * 0x9e37_79b9), Time::ZERO);
+                let mut swim = Swim::new(id(i), config.clone(), seed ^ ((i as u64 + 1) * 0x9e37_79b9), Time::ZERO);
                 for j in (0..n).filter(|&j| j != i) {
                     swim.add_member(Time::ZERO, id(j), 0, true);
                 }
@@ -118,6 +127,8 @@ impl Cluster {
                     crashed: false,
                     dead: BTreeMap::new(),
                     refutations: 0,
+                    suspicions_raised: 0,
+                    worst_health: 0,
                 }
             })
             .collect();
@@ -128,6 +139,7 @@ impl Cluster {
             loss,
             in_flight: BTreeMap::new(),
             sent: 0,
+            slow: None,
         }
     }
 
@@ -139,8 +151,14 @@ impl Cluster {
         if self.net.random_bool(self.loss) {
             return;
         }
-        let at = self.now + Duration::from_millis(self.net.random_range(1..=20));
-        self.in_flight.insert((at, self.sent), Datagram { from, to: index(to), probe, gossip });
+        let mut at = self.now + Duration::from_millis(self.net.random_range(1..=20));
+        let to = index(to);
+        if let Some((slow, delay)) = self.slow {
+            if slow == to {
+                at = at + delay;
+            }
+        }
+        self.in_flight.insert((at, self.sent), Datagram { from, to, probe, gossip });
     }
 
     /// Turns everything member `i` wants to send or spread into datagrams and queued gossip.
@@ -153,6 +171,7 @@ impl Cluster {
                 Action::SendAck { to, seq } => self.send(i, to, Probe::Ack(seq)),
                 Action::SendNack { to, seq } => self.send(i, to, Probe::Nack(seq)),
                 Action::GossipSuspect { id, incarnation } => {
+                    self.members[i].suspicions_raised += 1;
                     self.members[i].queue.push(Gossip::Suspect { id, incarnation, from: me });
                 }
                 Action::GossipAlive { incarnation } => {
@@ -161,6 +180,8 @@ impl Cluster {
                 }
             }
         }
+        let health = self.members[i].swim.health();
+        self.members[i].worst_health = self.members[i].worst_health.max(health);
         while let Some(e) = self.members[i].swim.poll_event() {
             if let Event::Confirm(dead) = e {
                 self.mark_dead(i, dead);
@@ -336,4 +357,27 @@ fn dead_members_stop_being_probed() {
     assert!(per_period <= 10, "{per_period} datagrams a period for 5 members");
     let alive: HashSet<NodeId> = (1..6).map(id).collect();
     assert!(c.in_flight.values().all(|d| alive.contains(&id(d.to))));
+}
+
+#[test]
+fn a_slow_member_backs_off_instead_of_suspecting_everyone() {
+    // Member 0 hears everything 1.2 s late: every ack misses its probe period. Lifeguard's local
+    // health stretches its periods and timeouts, so it raises far fewer false suspicions than a
+    // detector without it, and in neither case is a healthy member confirmed dead. (The slow
+    // member itself answers pings later than anyone's period and may well be confirmed: to the
+    // cluster it is as good as failed, and the node would come back in a new generation.)
+    let run = |max_health: u8| {
+        let config = SwimConfig { max_health, ..SwimConfig::default() };
+        let mut c = Cluster::with_config(16, 0.0, 31, config);
+        c.slow = Some((0, Duration::from_millis(1200)));
+        c.run_until(Time::from_secs(300));
+        let deaths: Vec<_> = c.deaths().into_iter().filter(|(_, dead, _)| *dead != id(0)).collect();
+        assert!(deaths.is_empty(), "max_health {max_health}: healthy members confirmed dead: {deaths:?}");
+        (c.members[0].suspicions_raised, c.members[0].worst_health)
+    };
+    let (with_lhm, worst) = run(8);
+    let (without, _) = run(0);
+    eprintln!("false suspicions by the slow member: {with_lhm} with local health (up to {worst}), {without} without");
+    assert!(worst > 0, "the slow member never noticed it is slow");
+    assert!(with_lhm * 2 < without, "local health did not hold back suspicions: {with_lhm} vs {without}");
 }
