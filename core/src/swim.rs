@@ -314,9 +314,11 @@ impl Swim {
         }
     }
 
-    /// Marks `id` as vouched for by `voucher` (an anchor holding a connection to it), or clears
-    /// the mark with `None`. While vouched, no suspicion of it is raised or accepted, and one
-    /// already running is lifted. The mark ends when the voucher is removed.
+    /// Marks `id` as vouched for by `voucher` (an anchor holding a connection to it; this node
+    /// itself when it is that anchor), or clears the mark with `None`. While vouched, suspicions
+    /// of it from anyone but the voucher are dropped, and one already running is lifted. The mark
+    /// ends when the voucher suspects it (gossip from the voucher, or [`Swim::suspect`] when the
+    /// voucher is this node) or when the voucher is removed.
     pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
         let Some(m) = self.members.get_mut(&id) else { return };
         m.voucher = voucher;
@@ -330,7 +332,8 @@ impl Swim {
     }
 
     /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
-    /// member it vouched for): suspects it as a failed probe would.
+    /// member it vouched for): suspects it as a failed probe would, unless another node vouches
+    /// for it.
     pub fn suspect(&mut self, now: Time, id: NodeId) {
         self.advance(now);
         self.suspect_locally(id);
@@ -640,8 +643,14 @@ impl Swim {
         let k = self.config.suspicion_confirmations;
         let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
         let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if incarnation < m.incarnation || m.voucher.is_some() {
+        if incarnation < m.incarnation {
             return Rumor::Drop;
+        }
+        match m.voucher {
+            // The voucher itself suspects it: it no longer vouches.
+            Some(v) if v == from => m.voucher = None,
+            Some(_) => return Rumor::Drop,
+            None => {}
         }
         m.incarnation = incarnation;
         match &mut m.standing {
@@ -975,6 +984,20 @@ mod tests {
         s.set_voucher(id(10), Some(id(3)));
         assert!(!s.is_suspect(&id(10)));
         assert_eq!(events(&mut s), vec![Event::Suspect(id(10)), Event::Alive(id(10))]);
+        // The voucher itself losing the member ends the vouching.
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(3)), Rumor::Spread);
+        assert!(s.is_suspect(&id(10)));
+    }
+
+    #[test]
+    fn an_anchor_that_loses_its_member_suspects_it_despite_vouching_for_it() {
+        let mut s = swim(2);
+        s.add_member(Time::ZERO, id(10), 0, false);
+        s.set_voucher(id(10), Some(ME));
+        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(1)), Rumor::Drop, "we hold its connection");
+        s.suspect(Time::ZERO, id(10));
+        assert!(s.is_suspect(&id(10)));
+        assert_eq!(actions(&mut s), vec![Action::GossipSuspect { id: id(10), incarnation: 0 }]);
     }
 
     #[test]
