@@ -112,6 +112,11 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub max_attempts: usize,
 
+    /// A node that has not accepted a written request within this long (a round trip, not the
+    /// engine's time) is passed over and the request tried on another node.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub node_accept_timeout: Duration,
+
     /// A node connection that hears nothing for this long is closed and the node avoided.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub node_idle_timeout: Duration,
@@ -156,7 +161,11 @@ impl GatewayArgs {
             body_timeout: self.body_timeout,
             max_concurrent: self.max_concurrent,
         };
-        config.proxy = ProxySettings { max_attempts: self.max_attempts, ..ProxySettings::default() };
+        config.proxy = ProxySettings {
+            max_attempts: self.max_attempts,
+            accept_timeout: self.node_accept_timeout,
+            ..ProxySettings::default()
+        };
         config.node_idle_timeout = self.node_idle_timeout;
         config.shutdown_grace = self.shutdown_grace;
         Ok(config)

@@ -3,7 +3,9 @@
 //!
 //! For each attempt: route ([`crate::routing::choose`]), count the request on the node, open a
 //! stream on the node's connection, write the [`RequestHead`] and the body (unchanged, already
-//! read and size-checked), finish the request side, and wait for the [`ResponseHead`]. Until
+//! read and size-checked), finish the request side, wait for the node to accept it (a round
+//! trip: [`ProxySettings::accept_timeout`]; a silent node is passed over, see
+//! [`crate::routing::Silent`]), and wait for the [`ResponseHead`]. Until
 //! that head has arrived nothing has reached the client, so any failure — the stream cannot be
 //! opened, the connection breaks, the node answers `503` because it is draining or `502`
 //! because its engine is unreachable — moves on at once to another node not yet tried, up to
@@ -20,12 +22,13 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use tela_core::{NodeId, RouteError};
-use tela_transports::tunnel::{encode_head, read_response_head, RequestHead, ResponseHead};
+use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
 use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api_error::ApiError;
 use crate::body::{BodyEnd, GatewayBody, Held, TunnelBody};
+use crate::routing::Choice;
 use crate::service::Shared;
 
 /// The response header naming the node that served a request.
@@ -50,11 +53,20 @@ pub struct ProxySettings {
     pub max_attempts: usize,
     /// The longest opening a stream and writing the request into it may take.
     pub write_timeout: Duration,
+    /// The longest a node may take to accept a written request (a round trip, not the
+    /// engine's time) before the request moves to another node and the node's connection is
+    /// [`Silent`](crate::routing::Silent). With no other node to go to, the request keeps
+    /// waiting.
+    pub accept_timeout: Duration,
 }
 
 impl Default for ProxySettings {
     fn default() -> Self {
-        ProxySettings { max_attempts: 3, write_timeout: Duration::from_secs(10) }
+        ProxySettings {
+            max_attempts: 3,
+            write_timeout: Duration::from_secs(10),
+            accept_timeout: Duration::from_millis(500),
+        }
     }
 }
 
@@ -100,7 +112,7 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
     while tried.len() < shared.proxy.max_attempts {
         let snapshot = view.snapshot();
         let routing_started = Instant::now();
-        let choice = crate::routing::choose(&view, &snapshot, &shared.load, &request.model, &tried);
+        let choice = crate::routing::choose(&view, &snapshot, &shared.load, &shared.silent, &request.model, &tried);
         shared.metrics.routing.observe(routing_started.elapsed().as_secs_f64());
         let choice = match choice {
             Ok(c) => c,
@@ -126,7 +138,7 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
         };
         tried.push(choice.node);
         let guard = shared.load.enter(choice.node);
-        match attempt(&choice.connection, &request, shared.proxy.write_timeout).await {
+        match attempt(shared, &choice, &request, &tried).await {
             Ok(Attempt { head, recv, written_at }) => {
                 let retryable = matches!(head.status, 502 | 503);
                 if retryable && tried.len() < shared.proxy.max_attempts {
@@ -169,7 +181,9 @@ struct Attempt {
     written_at: Instant,
 }
 
-async fn attempt(conn: &Connection, request: &ApiRequest, write_timeout: Duration) -> Result<Attempt, Failure> {
+async fn attempt(shared: &Shared, choice: &Choice, request: &ApiRequest, tried: &[NodeId]) -> Result<Attempt, Failure> {
+    let conn = &choice.connection;
+    let write_timeout = shared.proxy.write_timeout;
     let write = async {
         let (mut send, recv) = conn
             .open_stream()
@@ -189,10 +203,53 @@ async fn attempt(conn: &Connection, request: &ApiRequest, write_timeout: Duratio
         detail: format!("the request could not be written within {write_timeout:?}"),
     })??;
     let written_at = Instant::now();
+    let accept_timeout = shared.proxy.accept_timeout;
+    match tokio::time::timeout(accept_timeout, read_accepted(&mut recv)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Failure { reason: "tunnel", detail: format!("no response: {e}") }),
+        Err(_) => {
+            // Silent: a gone process (QUIC sends no reset) or one too busy to answer. Others
+            // take the next requests; this one moves on too if anyone else can take it.
+            shared.silent.mark(choice.node, conn);
+            let view = shared.anchor_view();
+            let elsewhere =
+                crate::routing::choose(&view, &view.snapshot(), &shared.load, &shared.silent, &request.model, tried)
+                    .is_ok();
+            if elsewhere && tried.len() < shared.proxy.max_attempts {
+                watch_late_acceptance(shared.silent.clone(), choice.node, conn.clone(), recv);
+                return Err(Failure {
+                    reason: "unresponsive",
+                    detail: format!("the node did not accept the request within {accept_timeout:?}"),
+                });
+            }
+            // Nobody else: keep waiting on this node, as long as the transport keeps it.
+            read_accepted(&mut recv)
+                .await
+                .map_err(|e| Failure { reason: "tunnel", detail: format!("no response: {e}") })?;
+            shared.silent.clear(choice.node, conn);
+        }
+    }
     let head = read_response_head(&mut recv)
         .await
         .map_err(|e| Failure { reason: "tunnel", detail: format!("no response: {e}") })?;
     Ok(Attempt { head, recv, written_at })
+}
+
+/// Keeps listening on an abandoned attempt: if the node accepts it after all, it is alive and
+/// its connection is no longer [`Silent`](crate::routing::Silent). The stream is then dropped,
+/// which tells the node to stop (the request went elsewhere).
+fn watch_late_acceptance(silent: crate::routing::Silent, node: NodeId, conn: Connection, mut recv: RecvStream) {
+    tokio::spawn(async move {
+        tokio::select! {
+            accepted = read_accepted(&mut recv) => {
+                if accepted.is_ok() {
+                    tracing::info!(%node, "node {node} accepted a request late; it takes requests again");
+                    silent.clear(node, &conn);
+                }
+            }
+            _ = conn.closed() => {}
+        }
+    });
 }
 
 /// The message of a small error body a node answered with (for logs and the final error).

@@ -5,7 +5,7 @@
 //!
 //! A node is usable when the snapshot lists it as routable for the model (alive, SERVE — so a
 //! draining node is skipped the moment its DOWN reaches this gateway), it has a connection to
-//! this gateway that is not closed, and it has not been tried for this request. A connection
+//! this gateway that is not closed and not [`Silent`], and it has not been tried for this request. A connection
 //! that closes is taken out of the runtime's peer table as soon as the transport reports it, so
 //! a node that died (its TCP connection reset, its QUIC connection timed out) stops being
 //! picked at once, before any gossip says so.
@@ -74,6 +74,45 @@ impl NodeLoad {
     }
 }
 
+/// Tunnel connections that went silent: a request was written into them and the node did not
+/// accept it within [`ProxySettings::accept_timeout`](crate::proxy::ProxySettings). Such a
+/// node is not picked while that same connection stays silent — a killed process behind QUIC
+/// sends no reset, and waiting for the idle timeout would send it requests for seconds. The
+/// mark is lifted when the late acceptance arrives, or when the node comes back on a new
+/// connection; the connection itself still closes on the transport's idle timeout.
+#[derive(Clone, Default)]
+pub struct Silent {
+    marks: Arc<Mutex<HashMap<NodeId, Connection>>>,
+}
+
+impl Silent {
+    /// Marks `connection` to `node` silent.
+    pub fn mark(&self, node: NodeId, connection: &Connection) {
+        self.marks.lock().unwrap_or_else(PoisonError::into_inner).insert(node, connection.clone());
+    }
+
+    /// Lifts the mark on `connection` to `node` (it answered after all).
+    pub fn clear(&self, node: NodeId, connection: &Connection) {
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        if marks.get(&node).is_some_and(|c| c.same_as(connection)) {
+            marks.remove(&node);
+        }
+    }
+
+    /// Whether `connection` to `node` is marked silent; a mark on an older connection is dropped.
+    pub fn is_silent(&self, node: &NodeId, connection: &Connection) -> bool {
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        match marks.get(node) {
+            Some(c) if c.same_as(connection) => true,
+            Some(_) => {
+                marks.remove(node);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 /// The routing decision for one attempt.
 pub struct Choice {
     /// The node.
@@ -87,6 +126,7 @@ pub fn choose(
     view: &RuntimeView,
     snapshot: &RegistrySnapshot,
     load: &NodeLoad,
+    silent: &Silent,
     model: &str,
     tried: &[NodeId],
 ) -> Result<Choice, RouteError> {
@@ -99,7 +139,7 @@ pub fn choose(
             return true;
         }
         match view.connection(&id) {
-            Some(conn) if conn.close_reason().is_none() => {
+            Some(conn) if conn.close_reason().is_none() && !silent.is_silent(&id, &conn) => {
                 connections.push((id, conn));
                 true
             }

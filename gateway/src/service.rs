@@ -62,6 +62,7 @@ impl Default for Limits {
 pub struct Shared {
     pub(crate) view: RuntimeView,
     pub(crate) load: NodeLoad,
+    pub(crate) silent: crate::routing::Silent,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) access: Access,
     pub(crate) open_status: bool,
@@ -83,6 +84,7 @@ impl Shared {
     ) -> Shared {
         Shared {
             load: NodeLoad::new(metrics.in_flight.clone()),
+            silent: crate::routing::Silent::default(),
             view,
             metrics,
             access,

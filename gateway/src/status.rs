@@ -8,7 +8,7 @@
 //!  "models": ["llama"],
 //!  "nodes": [{"id": "…", "short": "1a2b3c4d", "role": "serving", "state": "SERVE",
 //!             "generation": 1733, "models": ["llama"], "alive": true, "routable": true,
-//!             "tunnel": true, "in_flight": 2, "reported_in_flight": 1,
+//!             "tunnel": true, "silent": false, "in_flight": 2, "reported_in_flight": 1,
 //!             "gpus": {"model": "H100", "count": 4, "vram_mib": 81920}, "reach": "outbound-only"}]}
 //! ```
 //!
@@ -55,7 +55,9 @@ pub fn status_json(shared: &Shared) -> Value {
         .iter()
         .map(|slot| {
             let r = slot.record();
-            let tunnel = shared.view.connection(&r.id).is_some_and(|c| c.close_reason().is_none());
+            let connection = shared.view.connection(&r.id).filter(|c| c.close_reason().is_none());
+            let tunnel = connection.is_some();
+            let silent = connection.is_some_and(|c| shared.silent.is_silent(&r.id, &c));
             json!({
                 "id": hex(&r.id),
                 "short": r.id.to_string(),
@@ -66,6 +68,7 @@ pub fn status_json(shared: &Shared) -> Value {
                 "alive": slot.is_alive(),
                 "routable": slot.is_routable(),
                 "tunnel": tunnel,
+                "silent": silent,
                 "in_flight": shared.load.get(&r.id),
                 "reported_in_flight": r.load.in_flight,
                 "gpus": {
@@ -167,6 +170,8 @@ pub fn format_table(status: &Value) -> String {
             routable,
             if n["self"] == true {
                 "-"
+            } else if n["silent"] == true {
+                "silent"
             } else if n["tunnel"] == true {
                 "yes"
             } else {

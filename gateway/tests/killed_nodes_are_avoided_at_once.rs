@@ -2,9 +2,11 @@
 //! other nodes are untouched, and new requests stop going to the dead node within a second —
 //! the gateway sees the tunnel connection close, it does not wait for gossip to call it dead.
 //!
-//! The nodes dial over TCP here: a killed process's TCP connections are closed by the kernel
-//! at once. Over QUIC nothing tells the gateway; it notices after its node idle timeout
-//! (`--node-idle-timeout`, 5 s by default), which `a_node_that_vanishes_over_quic_...` checks.
+//! Over TCP a killed process's connections are closed by the kernel at once. Over QUIC nothing
+//! tells the gateway: the first requests written to the dead node are not accepted within the
+//! accept timeout (`--node-accept-timeout`, 500 ms), move to another node, and mark the node
+//! silent, so later requests skip it; the connection itself goes after the idle timeout.
+//! `a_node_that_vanishes_over_quic_...` checks that.
 
 mod common;
 
@@ -73,30 +75,57 @@ async fn a_killed_node_fails_only_its_own_stream_and_is_avoided_within_a_second(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_vanishes_over_quic_is_dropped_after_the_idle_timeout() {
+async fn a_node_that_vanishes_over_quic_is_passed_over_within_a_second() {
     within(60, async {
         let mut fed = Fed::start(Options {
             engines: vec![engine(&[MODEL]), engine(&[MODEL])],
             node_args: vec!["--transport", "quic"],
-            tune: |c| c.node_idle_timeout = Duration::from_secs(2),
+            tune: |c| c.node_idle_timeout = Duration::from_secs(3),
             ..Options::default()
         })
         .await;
         let victim = fed.nodes[0].id.to_string();
         fed.nodes[0].kill();
+        let killed_at = Instant::now();
+
+        // Nothing tells the gateway; concurrent requests land on both nodes. Each one sent to
+        // the dead node is not accepted, and moves to the live one after the accept timeout.
+        let burst = (0..6).map(|_| {
+            let base = fed.base();
+            tokio::spawn(async move { post(&base, "/v1/chat/completions", chat(MODEL, false, 2)).await })
+        });
+        for r in futures::future::join_all(burst).await {
+            let r = r.expect("request task");
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_ne!(r.header("x-tela-node"), Some(victim.clone()));
+        }
         let gw = &fed.gateway;
-        let gone = eventually(Duration::from_secs(4), || {
-            gw.status()["nodes"]
-                .as_array()
-                .is_some_and(|ns| ns.iter().any(|n| n["short"] == victim.as_str() && n["tunnel"] == false))
-        })
-        .await;
-        assert!(gone, "the vanished node was not dropped within twice the idle timeout");
+        let silent = |gw: &tela_gateway::gateway::Gateway| {
+            gw.status()["nodes"].as_array().is_some_and(|ns| {
+                ns.iter().any(|n| n["short"] == victim.as_str() && (n["silent"] == true || n["tunnel"] == false))
+            })
+        };
+        assert!(silent(gw), "the dead node is still taken as usable {:?} after the kill", killed_at.elapsed());
+        let passed_over = killed_at.elapsed();
+        eprintln!("the dead node was passed over {passed_over:?} after the kill");
+        assert!(passed_over < Duration::from_secs(1), "requests avoided the dead node only after {passed_over:?}");
+        let retries = call(&fed.base(), "GET", "/metrics", Some(KEY), None).await.text();
+        assert!(retries.contains(r#"reason="unresponsive""#), "the silent node shows in the retries:\n{retries}");
+
+        // From now on no request waits for it.
         for _ in 0..5 {
             let r = post(&fed.base(), "/v1/chat/completions", chat(MODEL, false, 2)).await;
             assert_eq!(r.status, 200);
             assert_ne!(r.header("x-tela-node"), Some(victim.clone()));
         }
+        // And the transport drops the connection after its idle timeout.
+        let gone = eventually(Duration::from_secs(6), || {
+            gw.status()["nodes"]
+                .as_array()
+                .is_some_and(|ns| ns.iter().any(|n| n["short"] == victim.as_str() && n["tunnel"] == false))
+        })
+        .await;
+        assert!(gone, "the vanished node's connection was not dropped within twice the idle timeout");
     })
     .await;
 }

@@ -11,6 +11,9 @@
 //! - **Load**: every forwarded request counts in [`InFlight`](crate::inflight::InFlight)
 //!   from head to last byte, which the driver reports to the core (a drain ends when it
 //!   reaches zero).
+//! - **Accepted at once**: the node answers every request head with the tunnel's accepted
+//!   marker before anything else, so a gateway learns within a round trip that the node is
+//!   alive (see [`tela_transports::tunnel`]).
 //! - **Lifecycle**: a node that is not SERVE (still joining, draining, failed, left)
 //!   answers new streams with `503` and an OpenAI-shaped error, before touching the engine,
 //!   so that the gateway retries on another node at once.
@@ -27,7 +30,9 @@ use hyper::body::Frame;
 use std::sync::Arc;
 use std::time::Duration;
 use tela_core::Lifecycle;
-use tela_transports::tunnel::{read_request_head, write_response_head, RequestHead, ResponseHead, TunnelError};
+use tela_transports::tunnel::{
+    read_request_head, write_accepted, write_response_head, RequestHead, ResponseHead, TunnelError,
+};
 use tela_transports::SendStream;
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
@@ -97,6 +102,12 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
             return;
         }
     };
+    // Tell the gateway at once that this node is alive and has the request: it waits for this
+    // (not for the engine) to decide whether to try another node.
+    if let Err(e) = write_accepted(&mut send).await {
+        tracing::debug!(%peer, "{peer} went away before the request was accepted: {e}");
+        return;
+    }
     // Count first, then look at the state: a drain that starts in between still sees this
     // request, so it cannot reach LEFT while the request goes to the engine.
     let _in_flight = view.in_flight().enter();

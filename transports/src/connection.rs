@@ -177,6 +177,15 @@ impl Connection {
         }
     }
 
+    /// Whether `other` is a handle to this very connection (not merely one to the same peer).
+    pub fn same_as(&self, other: &Connection) -> bool {
+        match (&self.inner, &other.inner) {
+            (Inner::Quic(a), Inner::Quic(b)) => a.stable_id() == b.stable_id(),
+            (Inner::Mux(a), Inner::Mux(b)) => a.same_as(b),
+            _ => false,
+        }
+    }
+
     /// What carries this connection.
     pub fn transport(&self) -> Transport {
         match &self.inner {

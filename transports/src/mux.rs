@@ -74,6 +74,13 @@ pub(crate) struct MuxConnection {
     shared: Arc<Shared>,
 }
 
+impl MuxConnection {
+    /// Whether `other` is a handle to this very connection.
+    pub(crate) fn same_as(&self, other: &MuxConnection) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
 struct Shared {
     transport: Transport,
     nodelay: Option<bool>,

@@ -205,6 +205,10 @@ impl QuicConnection {
         ConnectionError::Closed(close_reason_of(e, &self.local_reason))
     }
 
+    pub(crate) fn stable_id(&self) -> usize {
+        self.conn.stable_id()
+    }
+
     pub(crate) fn remote_address(&self) -> SocketAddr {
         self.conn.remote_address()
     }

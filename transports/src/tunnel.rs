@@ -3,8 +3,14 @@
 //!
 //! ```text
 //! opener → acceptor:  [u32 length][postcard RequestHead]  request body bytes ...  FIN
-//! acceptor → opener:  [u32 length][postcard ResponseHead] response body bytes ... FIN
+//! acceptor → opener:  [u32 0] [u32 length][postcard ResponseHead] response body bytes ... FIN
 //! ```
+//!
+//! The acceptor answers a request head at once with an *accepted* marker (a zero length, which
+//! no head has), long before the response head, which waits for the engine. The opener can thus
+//! tell a live peer that is still working from one that is gone — a killed process behind QUIC
+//! sends no reset — within a round trip: see [`read_accepted`]. [`read_response_head`] skips
+//! the marker, so a reader that does not care need not read it separately.
 //!
 //! Lengths are big-endian and at most [`MAX_HEAD`]; a larger or malformed head is a
 //! [`TunnelError`], never a panic. Bodies are raw bytes passed through unchanged and ended by
@@ -99,9 +105,32 @@ pub async fn write_response_head<W: AsyncWrite + Unpin>(w: &mut W, head: &Respon
     write_head(w, head).await
 }
 
-/// Reads a response head; the body follows on the same stream.
+/// Tells the opener that its request head arrived and is being handled; write it as soon as
+/// the head has been read, before anything slow.
+pub async fn write_accepted<W: AsyncWrite + Unpin>(w: &mut W) -> Result<(), TunnelError> {
+    w.write_all(&ACCEPTED).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Waits for the acceptor's accepted marker (see the module docs). A peer that answers with a
+/// response head straight away is refused as [`TunnelError::Malformed`]: every acceptor sends
+/// the marker first.
+pub async fn read_accepted<R: AsyncRead + Unpin>(r: &mut R) -> Result<(), TunnelError> {
+    match read_len(r).await? {
+        0 => Ok(()),
+        len => Err(TunnelError::Malformed(format!("a head of {len} bytes came before the accepted marker"))),
+    }
+}
+
+/// Reads a response head, skipping the accepted marker if it was not read already; the body
+/// follows on the same stream.
 pub async fn read_response_head<R: AsyncRead + Unpin>(r: &mut R) -> Result<ResponseHead, TunnelError> {
-    let head: ResponseHead = read_head(r).await?;
+    let mut len = read_len(r).await?;
+    if len == 0 {
+        len = read_len(r).await?;
+    }
+    let head: ResponseHead = read_body(r, len).await?;
     if !(100..=999).contains(&head.status) {
         return Err(TunnelError::Malformed(format!("status {} is not a valid HTTP status", head.status)));
     }
@@ -158,7 +187,15 @@ async fn write_head<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, head: &T) ->
     Ok(())
 }
 
+/// The accepted marker: a zero length prefix.
+const ACCEPTED: [u8; 4] = [0; 4];
+
 async fn read_head<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T, TunnelError> {
+    let len = read_len(r).await?;
+    read_body(r, len).await
+}
+
+async fn read_len<R: AsyncRead + Unpin>(r: &mut R) -> Result<usize, TunnelError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < len.len() {
@@ -172,7 +209,10 @@ async fn read_head<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Resu
         }
         got += n;
     }
-    let len = u32::from_be_bytes(len) as usize;
+    Ok(u32::from_be_bytes(len) as usize)
+}
+
+async fn read_body<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R, len: usize) -> Result<T, TunnelError> {
     if len > MAX_HEAD {
         return Err(TunnelError::HeadTooLarge { len, max: MAX_HEAD });
     }
@@ -211,6 +251,33 @@ mod tests {
         let mut wire = Vec::new();
         write_response_head(&mut wire, &resp).await.expect("write");
         assert_eq!(read_response_head(&mut wire.as_slice()).await.expect("read"), resp);
+    }
+
+    #[tokio::test]
+    async fn the_accepted_marker_comes_first_and_response_readers_skip_it() {
+        let resp = ResponseHead { status: 503, headers: vec![] };
+        let mut wire = Vec::new();
+        write_accepted(&mut wire).await.expect("write");
+        write_response_head(&mut wire, &resp).await.expect("write");
+        wire.extend_from_slice(b"BODY");
+
+        let mut r = wire.as_slice();
+        read_accepted(&mut r).await.expect("the marker");
+        assert_eq!(read_response_head(&mut r).await.expect("the head"), resp);
+        assert_eq!(r, b"BODY");
+
+        let mut r = wire.as_slice();
+        assert_eq!(read_response_head(&mut r).await.expect("the head, marker skipped"), resp);
+        assert_eq!(r, b"BODY");
+
+        let head_only = encode_head(&resp).expect("encode");
+        assert!(matches!(read_accepted(&mut head_only.as_slice()).await, Err(TunnelError::Malformed(_))));
+        assert!(matches!(read_accepted(&mut &[][..]).await, Err(TunnelError::Closed)));
+        // Two markers are not a head.
+        let twice = [ACCEPTED, ACCEPTED].concat();
+        assert!(matches!(read_response_head(&mut twice.as_slice()).await, Err(TunnelError::Malformed(_))));
+        // A request head is never empty.
+        assert!(matches!(read_request_head(&mut &ACCEPTED[..]).await, Err(TunnelError::Malformed(_))));
     }
 
     #[tokio::test]
