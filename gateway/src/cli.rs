@@ -12,6 +12,7 @@ use tela_runtime::identity::{load_identity, read_secret};
 use tela_transports::TransportMode;
 
 use crate::auth::HashKeyArgs;
+use crate::config::LoadedConfig;
 use crate::gateway::{AuthConfig, Gateway, GatewayConfig};
 use crate::proxy::ProxySettings;
 use crate::service::Limits;
@@ -38,6 +39,21 @@ enum GatewaySubcommand {
 /// The flags of `tela gateway`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
+    /// Read settings from this TOML file (see gateway/examples/gateway.toml): the flags below
+    /// by their names with `_` (a flag or variable given explicitly wins), and `[spin]`, the
+    /// batch jobs the gateway may start to serve models on demand.
+    #[arg(long, env = "TELA_GATEWAY_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Check this configuration file, print the spin plan (where each model's replica would
+    /// go: partition, GPUs, tensor parallelism, weights) and exit; exit status 1 if it is refused.
+    #[arg(long, value_name = "PATH", conflicts_with = "config")]
+    pub check_config: Option<PathBuf>,
+
+    /// The arguments given explicitly (command line or environment), which win over the file.
+    #[arg(skip)]
+    pub explicit: Vec<String>,
+
     /// Where the HTTP API listens.
     #[arg(long, env = "TELA_GATEWAY_LISTEN", default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
     pub listen: SocketAddr,
@@ -73,7 +89,7 @@ pub struct GatewayArgs {
 
     /// File of hashed API keys, one `sha256:<hex>` per line (make lines with `tela gateway
     /// hash-key`); reloaded when it changes.
-    #[arg(long, env = "TELA_API_KEYS", value_name = "PATH", required_unless_present = "no_auth")]
+    #[arg(long, env = "TELA_API_KEYS", value_name = "PATH", required_unless_present_any = ["no_auth", "config", "check_config"])]
     pub api_keys: Option<PathBuf>,
 
     /// Serve the API without keys (loopback demos and tests only).
@@ -134,48 +150,112 @@ impl GatewayCommand {
             None => self.run.run().await,
         }
     }
+
+    /// Notes which arguments of `matches` (the `gateway` subcommand's) were given explicitly,
+    /// on the command line or in the environment: those win over the configuration file.
+    pub fn note_explicit(&mut self, matches: &clap::ArgMatches) {
+        use clap::parser::ValueSource;
+        self.run.explicit = matches
+            .ids()
+            .filter(|id| {
+                matches!(matches.value_source(id.as_str()), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+    }
 }
 
 impl GatewayArgs {
     /// The configuration these flags describe.
     pub fn config(&self) -> anyhow::Result<GatewayConfig> {
-        anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
-        anyhow::ensure!(self.max_concurrent >= 1, "--max-concurrent must be at least 1");
-        let join_secret = read_secret(self.join_secret.as_deref(), self.join_secret_file.as_deref())?;
-        let identity = load_identity(self.identity.as_deref(), "gateway.key")?;
+        let loaded = match &self.config {
+            Some(path) => Some(LoadedConfig::load(path)?),
+            None => None,
+        };
+        let file = loaded.as_ref().map(|l| l.file.clone()).unwrap_or_default();
+        // The file's value unless the flag was given explicitly (or the file has none).
+        let given = |id: &str| self.explicit.iter().any(|e| e == id);
+        fn pick<T>(explicit: bool, flag: T, file: Option<T>) -> T {
+            match file {
+                Some(v) if !explicit => v,
+                _ => flag,
+            }
+        }
+        let opt = |id: &str, flag: &Option<PathBuf>, file: &Option<PathBuf>| {
+            if given(id) || file.is_none() {
+                flag.clone()
+            } else {
+                file.clone()
+            }
+        };
+        let max_attempts = pick(given("max_attempts"), self.max_attempts, file.max_attempts);
+        let max_concurrent = pick(given("max_concurrent"), self.max_concurrent, file.max_concurrent);
+        anyhow::ensure!(max_attempts >= 1, "--max-attempts must be at least 1");
+        anyhow::ensure!(max_concurrent >= 1, "--max-concurrent must be at least 1");
+        let secret_file = opt("join_secret_file", &self.join_secret_file, &file.join_secret_file);
+        let join_secret = read_secret(self.join_secret.as_deref(), secret_file.as_deref())?;
+        let identity = load_identity(opt("identity", &self.identity, &file.identity).as_deref(), "gateway.key")?;
         let mut config = GatewayConfig::new(identity, join_secret);
-        config.listen = self.listen;
-        config.anchor_listen = self.anchor_listen;
-        config.public_addr = self.public_addr.clone();
-        config.join = self.join.clone();
-        config.transport = self.transport;
-        config.auth = match &self.api_keys {
-            Some(path) => AuthConfig::KeyFile(path.clone()),
-            None => AuthConfig::Open,
+        config.listen = pick(given("listen"), self.listen, file.listen);
+        config.anchor_listen = pick(given("anchor_listen"), self.anchor_listen, file.anchor_listen);
+        config.public_addr = pick(given("public_addr"), self.public_addr.clone(), file.public_addr.clone().map(Some));
+        config.join = pick(given("join"), self.join.clone(), file.join.clone());
+        config.transport = match (&file.transport, given("transport")) {
+            (Some(t), false) => t.parse().map_err(|e| anyhow::anyhow!("transport in the configuration file: {e}"))?,
+            _ => self.transport,
         };
-        config.tls = self.tls_cert.clone().zip(self.tls_key.clone());
-        config.open_status = self.open_status;
+        let no_auth = pick(given("no_auth"), self.no_auth, file.no_auth);
+        let api_keys = opt("api_keys", &self.api_keys, &file.api_keys);
+        config.auth = match (&api_keys, no_auth) {
+            (Some(path), false) => AuthConfig::KeyFile(path.clone()),
+            (None, true) => AuthConfig::Open,
+            (Some(_), true) => anyhow::bail!("both API keys and no_auth are set: choose one"),
+            (None, false) => anyhow::bail!("no API keys: pass --api-keys (or api_keys in the file), or --no-auth"),
+        };
+        let tls_cert = opt("tls_cert", &self.tls_cert, &file.tls_cert);
+        let tls_key = opt("tls_key", &self.tls_key, &file.tls_key);
+        config.tls = tls_cert.zip(tls_key);
+        config.open_status = pick(given("open_status"), self.open_status, file.open_status);
+        let dur =
+            |id: &str, flag: Duration, file: Option<crate::spin::config::Dur>| pick(given(id), flag, file.map(|d| d.0));
         config.limits = Limits {
-            max_body_bytes: self.max_body_bytes,
-            header_timeout: self.header_timeout,
-            body_timeout: self.body_timeout,
-            max_concurrent: self.max_concurrent,
+            max_body_bytes: pick(given("max_body_bytes"), self.max_body_bytes, file.max_body_bytes),
+            header_timeout: dur("header_timeout", self.header_timeout, file.header_timeout),
+            body_timeout: dur("body_timeout", self.body_timeout, file.body_timeout),
+            max_concurrent,
         };
-        config.proxy = ProxySettings {
-            max_attempts: self.max_attempts,
-            accept_timeout: self.node_accept_timeout,
-            ..ProxySettings::default()
-        };
-        config.node_idle_timeout = self.node_idle_timeout;
-        config.shutdown_grace = self.shutdown_grace;
+        config.proxy =
+            ProxySettings { max_attempts, accept_timeout: self.node_accept_timeout, ..ProxySettings::default() };
+        config.node_idle_timeout = dur("node_idle_timeout", self.node_idle_timeout, file.node_idle_timeout);
+        config.shutdown_grace = dur("shutdown_grace", self.shutdown_grace, file.shutdown_grace);
+        if let Some(plan) = loaded.and_then(|l| l.spin) {
+            let batch =
+                crate::spin::backend::connect(&plan.backend).map_err(|e| anyhow::anyhow!("[spin.backend]: {e}"))?;
+            config.spin = Some(crate::spin::SpinSetup { plan, batch });
+        }
         Ok(config)
+    }
+
+    /// `--check-config FILE`: checks the file and prints the plan.
+    fn check(path: &std::path::Path) -> anyhow::Result<()> {
+        let loaded = LoadedConfig::load(path)?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}: the configuration is valid", path.display())?;
+        match &loaded.spin {
+            Some(plan) => write!(stdout, "\n{}", plan.describe())?,
+            None => writeln!(stdout, "no [spin] section: this gateway does not start jobs")?,
+        }
+        Ok(())
     }
 
     /// Starts the gateway, prints where it listens, and serves until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
+        if let Some(path) = &self.check_config {
+            return GatewayArgs::check(path);
+        }
         let config = self.config()?;
-        if self.no_auth && !self.listen.ip().is_loopback() {
-            tracing::warn!("--no-auth on {}: anyone who can reach it may use the API", self.listen);
+        if matches!(config.auth, AuthConfig::Open) && !config.listen.ip().is_loopback() {
+            tracing::warn!("--no-auth on {}: anyone who can reach it may use the API", config.listen);
         }
         let stop = crate::signal::shutdown_signal()?;
         let gateway = Gateway::start(config).await?;

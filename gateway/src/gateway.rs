@@ -78,6 +78,8 @@ pub struct GatewayConfig {
     pub node_idle_timeout: Duration,
     /// How long shutdown waits for open responses.
     pub shutdown_grace: Duration,
+    /// Model spinning (`[spin]` of the configuration file), if any.
+    pub spin: Option<crate::spin::SpinSetup>,
 }
 
 impl GatewayConfig {
@@ -100,6 +102,7 @@ impl GatewayConfig {
             proxy: ProxySettings::default(),
             node_idle_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
+            spin: None,
         }
     }
 }
@@ -124,6 +127,9 @@ pub enum GatewayError {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The spin plan was refused.
+    #[error("spinning cannot start: {0}")]
+    Spin(String),
 }
 
 /// A running gateway. Dropping it stops everything at once; [`Gateway::shutdown`] lets open
@@ -136,6 +142,7 @@ pub struct Gateway {
     stop: CancellationToken,
     server: Option<AbortOnDropHandle<()>>,
     _keys: Option<KeyFile>,
+    _spin: Option<crate::spin::SpinTasks>,
 }
 
 impl Gateway {
@@ -175,15 +182,32 @@ impl Gateway {
         )
         .await?;
         let metrics = Arc::new(Metrics::new());
-        let shared = Arc::new(Shared::new(
+        let mut shared = Shared::new(
             anchor.runtime().view(),
-            metrics,
+            metrics.clone(),
             access,
             config.open_status,
             config.limits,
             config.proxy,
-        ));
+        );
         let stop = CancellationToken::new();
+        let spin = match config.spin {
+            None => None,
+            Some(setup) => {
+                let view = anchor.runtime().view();
+                let spin = crate::spin::shared(&setup, &view);
+                shared.spin = Some(spin.clone());
+                let parts = crate::spin::GatewayParts {
+                    view,
+                    published: anchor.runtime().published(),
+                    load: shared.load.clone(),
+                    metrics,
+                    stop: stop.clone(),
+                };
+                Some(crate::spin::start(setup, spin, parts).map_err(GatewayError::Spin)?)
+            }
+        };
+        let shared = Arc::new(shared);
         let server = tokio::spawn(crate::server::serve(
             listener,
             tls.clone(),
@@ -205,6 +229,7 @@ impl Gateway {
             stop,
             server: Some(AbortOnDropHandle::new(server)),
             _keys: keys,
+            _spin: spin,
         })
     }
 

@@ -9,7 +9,8 @@
 //!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
 //!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed API keys,
 //!   reloaded), [`server`] (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and
-//!   [`dashboard`].
+//!   [`dashboard`]. With a `[spin]` section in its configuration file ([`config`]) it also
+//!   starts serving nodes in batch jobs on demand and holds requests for them ([`spin`]).
 //! - [`demo`] — `tela demo`, a gateway, three nodes and three engine simulators on loopback.
 //! - [`cli`] — the flags of `tela gateway` and `tela status --gateway`.
 //! - [`engine_sim`] — `tela engine-sim`, the built-in **engine simulator**: an OpenAI-compatible
@@ -41,6 +42,7 @@ pub mod api_error;
 pub mod auth;
 pub mod body;
 pub mod cli;
+pub mod config;
 pub mod dashboard;
 pub mod demo;
 pub mod engine_sim;
@@ -52,4 +54,5 @@ pub mod routing;
 pub mod server;
 pub mod service;
 pub mod signal;
+pub mod spin;
 pub mod status;

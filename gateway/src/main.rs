@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tela_gateway::cli::{GatewayCommand, StatusCommand};
 use tela_gateway::demo::DemoArgs;
 use tela_gateway::engine_sim::EngineSimArgs;
@@ -39,7 +39,11 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Command::Gateway(gateway), Some(("gateway", sub))) = (&mut cli.command, matches.subcommand()) {
+        gateway.note_explicit(sub);
+    }
     tela_gateway::logging::init(cli.log.as_deref())?;
     match cli.command {
         Command::Demo(args) => args.run().await.context("tela demo")?,

@@ -11,6 +11,12 @@
 //! | `tela_gateway_broken_streams_total` | | responses that broke after their first byte |
 //! | `tela_gateway_in_flight` | `node` | requests in flight per node, as this gateway counts them |
 //! | `tela_gateway_nodes` | `state` | nodes in the registry by lifecycle state (at scrape time) |
+//! | `tela_gateway_spin_submits_total` | `model` | batch jobs submitted to start a replica |
+//! | `tela_gateway_spin_cancels_total` | `model` | jobs cancelled before they served |
+//! | `tela_gateway_spin_drains_total` | `model` | serving nodes of the gateway's jobs told to drain |
+//! | `tela_gateway_spin_batch_errors_total` | `op` | failed batch-system calls (`submit`, `jobs`, `cancel`, `drain`) |
+//! | `tela_gateway_cold_start_queued` | `model` | requests waiting for a replica |
+//! | `tela_gateway_cold_start_wait_seconds` | `outcome` | how long requests waited (`ready`, `timeout`) |
 //!
 //! Model labels only carry names some node serves (others are counted as `unknown`), so a
 //! client cannot grow the label set without bound.
@@ -56,6 +62,27 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// `model`, for spinnable models (names from the configuration only).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    /// The model.
+    pub model: String,
+}
+
+/// `op`: a batch-system call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// `submit`, `jobs`, `cancel` or `drain`.
+    pub op: String,
+}
+
+/// `outcome` of a cold-start wait.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `ready` or `timeout`.
+    pub outcome: String,
+}
+
 /// `state`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -82,6 +109,18 @@ pub struct Metrics {
     pub in_flight: Family<NodeLabel, Gauge>,
     /// Nodes by state.
     pub nodes: Family<StateLabel, Gauge>,
+    /// Jobs submitted by the spinner.
+    pub spin_submits: Family<ModelLabel, Counter>,
+    /// Jobs cancelled by the spinner.
+    pub spin_cancels: Family<ModelLabel, Counter>,
+    /// Nodes drained by the spinner.
+    pub spin_drains: Family<ModelLabel, Counter>,
+    /// Failed batch-system calls.
+    pub spin_batch_errors: Family<OpLabel, Counter>,
+    /// Requests waiting for a replica.
+    pub cold_start_queued: Family<ModelLabel, Gauge>,
+    /// Cold-start waits.
+    pub cold_start_wait: Family<OutcomeLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -124,6 +163,28 @@ impl Metrics {
         registry.register("broken_streams", "Responses that broke after their first byte", broken.clone());
         registry.register("in_flight", "Requests in flight per node, as this gateway counts them", in_flight.clone());
         registry.register("nodes", "Nodes in this gateway's registry replica, by lifecycle state", nodes.clone());
+        let spin_submits = Family::<ModelLabel, Counter>::default();
+        let spin_cancels = Family::<ModelLabel, Counter>::default();
+        let spin_drains = Family::<ModelLabel, Counter>::default();
+        let spin_batch_errors = Family::<OpLabel, Counter>::default();
+        let cold_start_queued = Family::<ModelLabel, Gauge>::default();
+        let cold_start_wait = Family::<OutcomeLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.1, 2.0, 14))) as fn() -> Histogram,
+        );
+        registry.register("spin_submits", "Batch jobs submitted to start a replica", spin_submits.clone());
+        registry.register("spin_cancels", "Jobs cancelled before they served", spin_cancels.clone());
+        registry.register("spin_drains", "Serving nodes of the gateway's jobs told to drain", spin_drains.clone());
+        registry.register("spin_batch_errors", "Failed batch-system calls, by operation", spin_batch_errors.clone());
+        registry.register(
+            "cold_start_queued",
+            "Requests waiting for a replica of their model",
+            cold_start_queued.clone(),
+        );
+        registry.register(
+            "cold_start_wait_seconds",
+            "How long requests waited for a replica, by outcome",
+            cold_start_wait.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -134,6 +195,12 @@ impl Metrics {
             broken,
             in_flight,
             nodes,
+            spin_submits,
+            spin_cancels,
+            spin_drains,
+            spin_batch_errors,
+            cold_start_queued,
+            cold_start_wait,
         }
     }
 

@@ -13,6 +13,9 @@
 //! Order of checks for an API request: the key (401), the concurrency limit (429), the declared
 //! and then the actual body size (413) and the body's arrival time (408), the JSON and its
 //! `model` (400), then routing (404 for a model nobody serves, 503 when no node can take it).
+//! A request for a spinnable model with no usable replica first waits in the cold-start queue
+//! ([`crate::spin::cold_start`]): 503 with `Retry-After` when no replica came in time, 429 when
+//! the queue is full.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -70,6 +73,8 @@ pub struct Shared {
     pub(crate) proxy: ProxySettings,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) started: Instant,
+    /// Spinning and the cold-start queue, when the gateway spins models.
+    pub(crate) spin: Option<Arc<crate::spin::SpinShared>>,
 }
 
 impl Shared {
@@ -93,6 +98,7 @@ impl Shared {
             limits,
             proxy,
             started: Instant::now(),
+            spin: None,
         }
     }
 
@@ -206,9 +212,23 @@ async fn api(shared: &Shared, request: Request<Incoming>) -> Response<GatewayBod
             .answer_error(ApiError::bad_param("model", "the request has no 'model'; name one of GET /v1/models"), "-");
     };
     let stream = peek.stream.unwrap_or(false);
-    let held: Vec<Held> = vec![Box::new(permit)];
+    let mut held: Vec<Held> = vec![Box::new(permit)];
+    if let Some(spin) = shared.spin.as_ref().filter(|s| s.is_spinnable(&model)) {
+        if let Err(e) = crate::spin::cold_start::admit(shared, spin, &model).await {
+            return shared.answer_error(e, &model);
+        }
+        if let Some(guard) = spin.demand.enter(&model) {
+            held.push(Box::new(guard));
+        }
+    }
+    let model_name = model.clone();
     let request = ApiRequest { head: crate::proxy::tunnel_head(&parts), body, model, stream, ready_at, held };
-    crate::proxy::forward(shared, request).await
+    let routed_at = Instant::now();
+    let response = crate::proxy::forward(shared, request).await;
+    if let Some(spin) = &shared.spin {
+        spin.demand.first_byte(&model_name, routed_at.elapsed());
+    }
+    response
 }
 
 async fn read_body(body: Incoming, max: usize, timeout: Duration) -> Result<Bytes, ApiError> {

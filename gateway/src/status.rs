@@ -13,6 +13,18 @@
 //! ```
 //!
 //! `in_flight` is this gateway's count; `reported_in_flight` what the node last gossiped.
+//!
+//! A gateway that spins models adds `spin` ([`crate::spin::SpinShared::status_json`]):
+//!
+//! ```json
+//! "spin": {"backend": "sbatch", "live_jobs": 1, "budget_used_gpu_hours": 4.0, "decisions": 12,
+//!          "last_error": null,
+//!          "models": [{"name": "llama", "wanted": 1, "supply": 1, "blocked": null, "queued": 3,
+//!                      "in_flight": 0, "arrivals_per_min": 3, "p95_ttfb_ms": null}],
+//!          "jobs": [{"job": 1, "batch_id": "4242", "model": "llama", "partition": "gpu",
+//!                    "state": "RUNNING", "raw_state": "RUNNING", "node": "…", "node_short": "1a2b3c4d",
+//!                    "hosts": ["gpu07"], "released": null, "age_s": 40}]}
+//! ```
 
 use std::time::Duration;
 
@@ -85,7 +97,7 @@ pub fn status_json(shared: &Shared) -> Value {
         })
         .collect();
     nodes.sort_by(|a, b| (a["role"].as_str(), a["short"].as_str()).cmp(&(b["role"].as_str(), b["short"].as_str())));
-    json!({
+    let mut status = json!({
         "gateway": {
             "id": hex(&local.id),
             "short": local.id.to_string(),
@@ -95,7 +107,22 @@ pub fn status_json(shared: &Shared) -> Value {
         },
         "models": crate::routing::models(&snapshot),
         "nodes": nodes,
-    })
+    });
+    if let Some(spin) = &shared.spin {
+        status["spin"] = spin.status_json();
+    }
+    status
+}
+
+/// The models a client may ask for: those some routable node serves, and the spinnable ones.
+fn known_models(shared: &Shared, snapshot: &tela_runtime::status::RegistrySnapshot) -> Vec<String> {
+    let mut names = crate::routing::models(snapshot);
+    if let Some(spin) = &shared.spin {
+        names.extend(spin.models().cloned());
+        names.sort();
+        names.dedup();
+    }
+    names
 }
 
 /// Sets the per-state node gauges from the latest snapshot (called at scrape time).
@@ -115,11 +142,12 @@ fn created() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// `GET /v1/models`: every model some routable node serves.
+/// `GET /v1/models`: every model some routable node serves, and every spinnable model (served
+/// on demand).
 pub fn models(shared: &Shared) -> Response<GatewayBody> {
     let snapshot = shared.view.snapshot();
     let now = created();
-    let data: Vec<Value> = crate::routing::models(&snapshot).iter().map(|m| model_object(m, now)).collect();
+    let data: Vec<Value> = known_models(shared, &snapshot).iter().map(|m| model_object(m, now)).collect();
     shared.metrics.count("-", 200);
     json_response(&json!({"object": "list", "data": data}))
 }
@@ -127,7 +155,7 @@ pub fn models(shared: &Shared) -> Response<GatewayBody> {
 /// `GET /v1/models/{id}`.
 pub fn model(shared: &Shared, id: &str) -> Response<GatewayBody> {
     let snapshot = shared.view.snapshot();
-    let known = crate::routing::models(&snapshot);
+    let known = known_models(shared, &snapshot);
     if known.iter().any(|m| m == id) {
         json_response(&model_object(id, created()))
     } else {

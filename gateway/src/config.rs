@@ -1,0 +1,109 @@
+//! `gateway.toml`: the gateway's settings in a file (`tela gateway --config FILE`).
+//!
+//! The top-level keys are the flags of `tela gateway` with `_` for `-` (`listen`,
+//! `anchor_listen`, `api_keys`, `header_timeout = "10s"`, ...); a flag or its environment
+//! variable given explicitly wins over the file. The `[spin]` section ([`crate::spin::config`])
+//! has no flags: it describes the batch jobs the gateway may start. Unknown keys are refused, so
+//! a typo never passes silently. `gateway/examples/gateway.toml` shows every key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::spin::config::{ConfigError, Dur, SpinPlan, SpinSection};
+
+/// `gateway.toml` as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--anchor-listen`.
+    pub anchor_listen: Option<SocketAddr>,
+    /// `--public-addr`.
+    pub public_addr: Option<String>,
+    /// `--join-secret-file` (the secret itself is never read from this file).
+    pub join_secret_file: Option<PathBuf>,
+    /// `--join`.
+    pub join: Option<Vec<String>>,
+    /// `--transport`: `auto`, `quic` or `tcp`.
+    pub transport: Option<String>,
+    /// `--identity`.
+    pub identity: Option<PathBuf>,
+    /// `--api-keys`.
+    pub api_keys: Option<PathBuf>,
+    /// `--no-auth`.
+    pub no_auth: Option<bool>,
+    /// `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
+    /// `--open-status`.
+    pub open_status: Option<bool>,
+    /// `--max-body-bytes`.
+    pub max_body_bytes: Option<usize>,
+    /// `--header-timeout`.
+    pub header_timeout: Option<Dur>,
+    /// `--body-timeout`.
+    pub body_timeout: Option<Dur>,
+    /// `--max-concurrent`.
+    pub max_concurrent: Option<usize>,
+    /// `--max-attempts`.
+    pub max_attempts: Option<usize>,
+    /// `--node-idle-timeout`.
+    pub node_idle_timeout: Option<Dur>,
+    /// `--shutdown-grace`.
+    pub shutdown_grace: Option<Dur>,
+    /// Model spinning.
+    pub spin: Option<SpinSection>,
+}
+
+/// A configuration file, read and checked.
+#[derive(Clone, Debug)]
+pub struct LoadedConfig {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The settings as written.
+    pub file: FileConfig,
+    /// `[spin]`, checked, if present.
+    pub spin: Option<SpinPlan>,
+}
+
+impl LoadedConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut loaded = LoadedConfig::parse(&text, &path.display().to_string())?;
+        loaded.path = path.to_path_buf();
+        Ok(loaded)
+    }
+
+    /// Checks `text`, naming it `origin` in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<LoadedConfig, ConfigError> {
+        let file: FileConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
+        if let Some(t) = &file.transport {
+            if !matches!(t.as_str(), "auto" | "quic" | "tcp") {
+                return Err(ConfigError::Invalid {
+                    key: "transport".into(),
+                    reason: format!("'{t}': use auto, quic or tcp"),
+                });
+            }
+        }
+        for (key, value) in [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts)] {
+            if value == Some(0) {
+                return Err(ConfigError::Invalid { key: key.into(), reason: "must be at least 1".into() });
+            }
+        }
+        if file.tls_cert.is_some() != file.tls_key.is_some() {
+            return Err(ConfigError::Invalid {
+                key: if file.tls_cert.is_some() { "tls_key" } else { "tls_cert" }.into(),
+                reason: "tls_cert and tls_key go together".into(),
+            });
+        }
+        let spin = file.spin.as_ref().map(SpinPlan::resolve).transpose()?;
+        Ok(LoadedConfig { path: PathBuf::from(origin), file, spin })
+    }
+}
