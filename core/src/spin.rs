@@ -385,6 +385,11 @@ impl Spinner {
                         release_jobs(own, release, jobs, stats, &mut commands);
                         state.last_action = Some(now);
                         state.low = None;
+                    } else {
+                        // The period's peak is no longer below supply, but demand still is: a new
+                        // period starts now, or the stale peak would hold the replicas until
+                        // their walltime.
+                        state.low = Some((now, keep));
                     }
                 }
             } else {
@@ -826,6 +831,39 @@ mod tests {
             vec![("small", load(if now < Time::from_secs(1800) { 40 } else { 12 }))]
         });
         assert_eq!((w.submits("small"), w.releases().len()), (4, 1));
+    }
+
+    #[test]
+    fn replicas_left_after_supply_dropped_during_a_low_period_are_still_released() {
+        let mut s = Spinner::new(SpinConfig::default(), vec![policy(small())]).unwrap();
+        let mut w = World::new();
+        // A node the spinner did not start serves too; 20 requests want a second replica.
+        w.others.push(ReplicaStatus {
+            node: NodeId::from_u64(1),
+            model: "small".into(),
+            lifecycle: Lifecycle::Serve,
+            in_flight: 0,
+        });
+        let demand = |now: Time| {
+            let n = if now < Time::from_secs(600) {
+                20
+            } else if now < Time::from_secs(900) {
+                4
+            } else {
+                0
+            };
+            vec![("small", load(n))]
+        };
+        // From 10 min the dip needs one replica (the period's peak); then demand stops, and the
+        // other node leaves before the period ends: supply has fallen to that peak by itself.
+        run(&mut s, &mut w, Time::from_secs(1200), Duration::from_secs(30), demand);
+        assert_eq!(w.submits("small"), 1);
+        w.others.clear();
+        run(&mut s, &mut w, Time::from_secs(3 * 3600), Duration::from_secs(30), demand);
+        assert_eq!(w.releases().len(), 1, "the idle replica is drained, not kept to its walltime: {:?}", w.log);
+        // The first period (from 10 min) ends with nothing to release; the next one releases.
+        assert!(w.releases()[0] <= Time::from_secs(600 + 2 * 15 * 60 + 60), "{:?}", w.releases());
+        assert!(w.jobs.values().all(|j| j.end.is_some()), "every allocation released");
     }
 
     #[test]
