@@ -13,6 +13,10 @@
 //! the batch script writes `tela-node=<node id>` into it once the node's identity exists, and
 //! [`BatchJob::node`] parses it back, so both backends (and FirecREST) can report it.
 
+pub mod sbatch;
+pub mod slurmrest;
+pub mod template;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

@@ -124,6 +124,11 @@ pub struct NodeArgs {
     /// Print the hardware this node would announce (GPU discovery or the profile) and exit.
     #[arg(long)]
     pub print_hardware: bool,
+
+    /// Print this node's id (32 hex digits) from its identity key, creating the key if there
+    /// is none, and exit. Job scripts use it to name the node in the job's comment.
+    #[arg(long)]
+    pub print_id: bool,
 }
 
 /// The `--config` file: the same settings as the flags, with underscores.
@@ -238,6 +243,18 @@ pub enum NodeConfigError {
 }
 
 impl NodeArgs {
+    /// The identity key file from the flag, `TELA_IDENTITY` or the config file (`None`: the
+    /// default location); needs no other setting.
+    pub fn identity_path(&self) -> Result<Option<PathBuf>, NodeConfigError> {
+        if self.identity.is_some() {
+            return Ok(self.identity.clone());
+        }
+        match &self.config {
+            Some(path) => Ok(read_file(path)?.identity),
+            None => Ok(None),
+        }
+    }
+
     /// Applies the config file (if any) and defaults, and checks everything.
     pub fn resolve(&self) -> Result<NodeSettings, NodeConfigError> {
         let file = match &self.config {

@@ -54,6 +54,12 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 impl NodeArgs {
     /// Runs the node until it has left; returns the process exit status (0 after a drain).
     pub async fn run(self) -> Result<i32, NodeError> {
+        if self.print_id {
+            // Before resolving the rest: a job script asks for the id before it has a gateway.
+            let identity = load_identity(self.identity_path()?.as_deref(), "identity.key")?;
+            println!("{}", identity.node_id().to_hex());
+            return Ok(0);
+        }
         let settings = self.resolve()?;
         if self.print_hardware {
             print!("{}", gpu::discover(&settings.hardware_profile)?);

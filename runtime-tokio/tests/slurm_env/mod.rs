@@ -1,0 +1,236 @@
+//! The local Slurm the `slurm_*` tests submit to, and the scenario they run against each
+//! backend. `.ci/slurm/start.sh` starts that Slurm and prints (and keeps in
+//! `/run/tela-slurm/env`) the variables read here. Without it the tests print a "skipped" line
+//! and pass, unless `TELA_REQUIRE_SLURM=1`, where they fail.
+
+#![allow(dead_code)]
+
+use crate::common;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tela_core::placement::{Placement, Variant};
+use tela_core::{GpuModel, Hardware, Lifecycle, NodeId, Quantization};
+use tela_runtime::batch::template::{sh_quote, JobTemplate};
+use tela_runtime::batch::{BatchError, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
+
+/// Where the test Slurm is.
+#[derive(Clone, Debug)]
+pub struct SlurmEnv {
+    /// Partition to submit to.
+    pub partition: String,
+    /// slurmrestd's URL, user and token file, when it runs.
+    pub rest: Option<(String, String, PathBuf)>,
+}
+
+const DEFAULT_ENV_FILE: &str = "/run/tela-slurm/env";
+
+/// The local Slurm, or `None` (after printing why) when the test should be skipped.
+pub fn slurm_env(test: &str, need_rest: bool) -> Option<SlurmEnv> {
+    let required = std::env::var("TELA_REQUIRE_SLURM").is_ok_and(|v| v == "1");
+    let skip = |why: String| -> Option<SlurmEnv> {
+        assert!(!required, "{test}: TELA_REQUIRE_SLURM=1 but {why}");
+        println!(
+            "skipped: {test}: {why}; start a local Slurm with `.ci/slurm/start.sh` (as root) and export what it \
+             prints, or set TELA_REQUIRE_SLURM=1 to fail instead"
+        );
+        None
+    };
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("TELA_SLURM")).collect();
+    if !vars.iter().any(|(k, _)| k == "TELA_SLURM_PARTITION") {
+        let file = std::env::var("TELA_SLURM_ENV").unwrap_or_else(|_| DEFAULT_ENV_FILE.into());
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            vars.extend(text.lines().filter_map(|l| {
+                let (k, v) = l.strip_prefix("export ")?.split_once('=')?;
+                Some((k.trim().to_string(), v.trim().trim_matches('\'').to_string()))
+            }));
+        }
+    }
+    let get = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let Some(partition) = get("TELA_SLURM_PARTITION") else {
+        return skip(format!("no TELA_SLURM_PARTITION and no env file ({DEFAULT_ENV_FILE} or $TELA_SLURM_ENV)"));
+    };
+    match std::process::Command::new("sinfo").args(["-h", "-o", "%a"]).output() {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => return skip(format!("sinfo fails: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Err(e) => return skip(format!("cannot run sinfo: {e}")),
+    }
+    let rest = match (get("TELA_SLURMRESTD_URL"), get("TELA_SLURM_REST_USER"), get("TELA_SLURM_JWT_FILE")) {
+        (Some(url), Some(user), Some(file)) => Some((url, user, PathBuf::from(file))),
+        _ => None,
+    };
+    if need_rest && rest.is_none() {
+        return skip(
+            "slurmrestd is not configured (no TELA_SLURMRESTD_URL, TELA_SLURM_REST_USER, TELA_SLURM_JWT_FILE)".into(),
+        );
+    }
+    Some(SlurmEnv { partition, rest })
+}
+
+/// A one-GPU placement on the fake GPUs of the local node.
+pub fn one_gpu() -> Placement {
+    Placement {
+        shape: 0,
+        shape_name: "local".into(),
+        hardware: Hardware::catalog(GpuModel::A100_80, 4),
+        tensor_parallel: 1,
+        pipeline_stages: 1,
+        variant: Variant::new("fp16", Quantization::Fp16),
+        quantized_fallback: false,
+        need_mib: 1000,
+    }
+}
+
+/// A template whose jobs run the real `tela node` with `tela engine-sim` as the engine,
+/// joining `join`, with their files in `dir`.
+pub fn template(env: &SlurmEnv, dir: &Path, join: &str) -> JobTemplate {
+    let secret = dir.join("join-secret");
+    std::fs::write(&secret, format!("{}\n", common::SECRET)).expect("write the secret file");
+    let tela = common::tela_bin().to_str().expect("utf-8 path").to_string();
+    let mut t = JobTemplate::new(
+        tela.clone(),
+        vec![join.to_string()],
+        secret.to_str().expect("utf-8 path"),
+        format!("{} engine-sim --host 127.0.0.1 --port {{port}} --model {{model}}", sh_quote(&tela)),
+    );
+    t.partition = Some(env.partition.clone());
+    t.cpus_per_task = 1;
+    t.drain_window = Duration::from_secs(10);
+    t.working_dir = dir.to_str().expect("utf-8 path").to_string();
+    t.environment = vec![("TELA_PROBE_INTERVAL".into(), "200ms".into()), ("RUST_LOG".into(), "info".into())];
+    t
+}
+
+/// Polls `jobs` until `pred` holds for the job, for at most `within`.
+pub async fn wait_job(
+    batch: &dyn BatchSystem,
+    id: BatchJobId,
+    what: &str,
+    within: Duration,
+    pred: impl Fn(&BatchJob) -> bool,
+) -> BatchJob {
+    let start = Instant::now();
+    loop {
+        let jobs = batch.jobs(&[id]).await.unwrap_or_else(|e| panic!("{}: listing job {id}: {e}", batch.name()));
+        assert_eq!(jobs.len(), 1, "one answer per id");
+        if pred(&jobs[0]) {
+            return jobs[0].clone();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{}: job {id} not {what} within {within:?}; last seen {:?}",
+            batch.name(),
+            jobs[0]
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The job's output file (`slurm-<id>.out` in its working directory).
+pub fn output(dir: &Path, id: BatchJobId) -> String {
+    std::fs::read_to_string(dir.join(format!("slurm-{id}.out"))).unwrap_or_default()
+}
+
+/// Whether `squeue` still lists the job as holding (or waiting for) an allocation.
+pub fn squeue_lists_live(id: BatchJobId) -> bool {
+    let out = std::process::Command::new("squeue")
+        .args(["-h", "-t", "PD,R,CG,CF,S,ST", "-o", "%i", "-j", &id.to_string()])
+        .output()
+        .expect("run squeue");
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == id.to_string())
+}
+
+/// The scenario both backends must pass against the real Slurm (see the test files).
+pub async fn serving_job_drains_and_a_cancelled_job_ends(batch: &dyn BatchSystem, env: &SlurmEnv) {
+    let name = batch.name().to_string();
+    let dir = tempfile::Builder::new().prefix("tela-slurm-test").tempdir().expect("tempdir");
+    let anchor = common::anchor().await;
+    let template = template(env, dir.path(), &anchor.local_addr().to_string());
+    let model = format!("slurm-test-{}", name.split_whitespace().next().unwrap_or("x"));
+
+    // 1. A serving node in a job: submitted, listed, linked to its node by the comment.
+    let job = template.render(&model, &one_gpu(), Duration::from_secs(600)).expect("renders");
+    let id = batch.submit(&job).await.unwrap_or_else(|e| panic!("{name}: submit: {e}"));
+    let first = batch.jobs(&[id]).await.expect("lists");
+    assert!(matches!(first[0].state, BatchState::Pending | BatchState::Running), "{name}: fresh job is {first:?}");
+    let running = wait_job(batch, id, "running with a node id in its comment", Duration::from_secs(60), |j| {
+        j.state == BatchState::Running && j.node().is_some()
+    })
+    .await;
+    let node: NodeId = running.node().expect("node id");
+    assert!(!running.hosts.is_empty(), "{name}: a running job names its hosts: {running:?}");
+    assert!(running.time_left.is_some_and(|l| l <= Duration::from_secs(600)), "{name}: time left {running:?}");
+
+    // The id in the comment is the node that joined the federation and serves the model.
+    let serving = |s: &tela_runtime::status::RegistrySnapshot| {
+        common::record_in(s, &node, Lifecycle::Serve).is_some() && s.replica().serving(&model).contains(&node)
+    };
+    common::until(&anchor, "the job's node serving the model", Duration::from_secs(60), serving).await;
+
+    // 2. Drain: the batch shell's trap gets the signal, the node leaves, the job ends by itself.
+    batch.signal(id, JobSignal::Drain).await.unwrap_or_else(|e| panic!("{name}: drain: {e}"));
+    let start = Instant::now();
+    while !output(dir.path(), id).contains("tela: SIGUSR1 received") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{name}: no trap line in the job output:\n{}",
+            output(dir.path(), id)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    common::until(&anchor, "the drained node LEFT", Duration::from_secs(60), |s| {
+        common::record_in(s, &node, Lifecycle::Left).is_some()
+    })
+    .await;
+    let ended =
+        wait_job(batch, id, "ended after its drain", Duration::from_secs(60), |j| j.state == BatchState::Ended).await;
+    assert_eq!(ended.raw_state, "COMPLETED", "{name}: a drained node exits 0:\n{}", output(dir.path(), id));
+    assert!(!squeue_lists_live(id), "{name}: the allocation of job {id} is released");
+    let log = output(dir.path(), id);
+    assert!(log.contains(&format!("is node {}", node.to_hex())), "{name}: job output:\n{log}");
+    assert!(log.contains("tela node exited with status 0"), "{name}: job output:\n{log}");
+    // Draining an ended job is not an error.
+    batch.signal(id, JobSignal::Drain).await.unwrap_or_else(|e| panic!("{name}: drain after the end: {e}"));
+
+    // 3. Cancel: a running job ends, and its allocation is released.
+    let job2 = template.render(&model, &one_gpu(), Duration::from_secs(600)).expect("renders");
+    let id2 = batch.submit(&job2).await.unwrap_or_else(|e| panic!("{name}: submit: {e}"));
+    assert_ne!(id, id2);
+    let second = wait_job(batch, id2, "running", Duration::from_secs(60), |j| {
+        j.state == BatchState::Running && j.node().is_some()
+    })
+    .await;
+    assert_ne!(second.node(), Some(node), "{name}: every job is a node of its own");
+    batch.cancel(id2).await.unwrap_or_else(|e| panic!("{name}: cancel: {e}"));
+    let cancelled =
+        wait_job(batch, id2, "ended after cancel", Duration::from_secs(30), |j| j.state == BatchState::Ended).await;
+    assert_eq!(cancelled.raw_state, "CANCELLED", "{name}");
+    let start = Instant::now();
+    while squeue_lists_live(id2) {
+        assert!(start.elapsed() < Duration::from_secs(30), "{name}: job {id2} still holds its allocation");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    batch.cancel(id2).await.unwrap_or_else(|e| panic!("{name}: cancelling an ended job: {e}"));
+
+    // 4. Both at once, in the order asked, and a job id Slurm never had is Ended.
+    let unknown = BatchJobId(60_000_000);
+    let all = batch.jobs(&[id2, unknown, id]).await.expect("lists");
+    assert_eq!(
+        all.iter().map(|j| (j.id, j.state)).collect::<Vec<_>>(),
+        [(id2, BatchState::Ended), (unknown, BatchState::Ended), (id, BatchState::Ended)]
+    );
+}
+
+/// What the real Slurm says to a job it cannot take reaches the caller.
+pub async fn a_refused_job_says_why(batch: &dyn BatchSystem, env: &SlurmEnv) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = template(env, dir.path(), "127.0.0.1:9");
+    let mut job: JobRequest = template.render("refused", &one_gpu(), Duration::from_secs(600)).expect("renders");
+    job.partition = Some("no-such-partition".into());
+    let err = batch.submit(&job).await.expect_err("no such partition");
+    assert!(matches!(err, BatchError::Refused { .. }), "{err}");
+    assert!(err.to_string().to_lowercase().contains("partition"), "{err}");
+    let mut job = template.render("refused", &one_gpu(), Duration::from_secs(600)).expect("renders");
+    job.gpus_per_node = 64;
+    let err = batch.submit(&job).await.expect_err("more GPUs than the node has");
+    assert!(matches!(err, BatchError::Refused { .. }), "{err}");
+}

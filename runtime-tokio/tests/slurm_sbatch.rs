@@ -1,0 +1,50 @@
+//! The `sbatch`/`squeue`/`scancel` backend against the real local Slurm: a job rendered by the
+//! job template runs the real `tela node` (with `tela engine-sim`), its comment names the node
+//! that joins the federation, a drain reaches the batch shell's trap and the node leaves, a
+//! cancel ends a job and releases its allocation. Skipped (with a line saying so) without a
+//! local Slurm, unless `TELA_REQUIRE_SLURM=1`; see `slurm_env/mod.rs`.
+
+mod common;
+mod slurm_env;
+
+use std::time::Duration;
+use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
+
+#[test]
+fn sbatch_job_serves_drains_and_cancels() {
+    let Some(env) = slurm_env::slurm_env("sbatch_job_serves_drains_and_cancels", false) else { return };
+    common::tela_bin();
+    common::run_test(Duration::from_secs(300), async {
+        let batch = Sbatch::new(SbatchConfig::default());
+        slurm_env::serving_job_drains_and_a_cancelled_job_ends(&batch, &env).await;
+    });
+}
+
+#[test]
+fn sbatch_refusals_carry_slurms_words() {
+    let Some(env) = slurm_env::slurm_env("sbatch_refusals_carry_slurms_words", false) else { return };
+    common::tela_bin();
+    common::run_test(Duration::from_secs(60), async {
+        let batch = Sbatch::new(SbatchConfig::default());
+        slurm_env::a_refused_job_says_why(&batch, &env).await;
+    });
+}
+
+#[test]
+fn a_missing_sbatch_is_unreachable_not_a_panic() {
+    common::run_test(Duration::from_secs(30), async {
+        use tela_runtime::batch::{BatchError, BatchJobId, BatchSystem};
+        let batch = Sbatch::new(SbatchConfig { squeue: "/nonexistent/squeue".into(), ..SbatchConfig::default() });
+        let err = batch.jobs(&[BatchJobId(1)]).await.unwrap_err();
+        assert!(matches!(err, BatchError::Unreachable { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/squeue"), "{err}");
+        let slow = Sbatch::new(SbatchConfig {
+            scancel: "sleep".into(),
+            timeout: Duration::from_millis(300),
+            ..SbatchConfig::default()
+        });
+        // `sleep 1` stands in for a hung scancel: killed at the timeout.
+        let err = slow.cancel(BatchJobId(1)).await.unwrap_err();
+        assert!(err.to_string().contains("did not finish within"), "{err}");
+    });
+}
