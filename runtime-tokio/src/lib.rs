@@ -10,6 +10,9 @@
 //!   ([`walltime`], signals, `tela drain` over the [`control`] socket).
 //! - [`anchor`] — a public member with no engine that outbound-only nodes dial; the gateway
 //!   embeds one, `tela anchor` runs one alone.
+//! - [`batch`] — the spinner's way into batch systems: the Slurm command-line and
+//!   `slurmrestd` backends behind one trait, and the job template that turns a placement into
+//!   a batch script running `tela node`.
 //!
 //! # Driving the core
 //!
@@ -82,6 +85,11 @@
 //! that `.ci/setup-engine.sh` installs: export the two variables it prints
 //! (`TELA_LLAMA_PYTHON`, `TELA_LLAMA_MODEL`); without them it prints a "skipped" line, and
 //! fails when `CI=true`.
+//!
+//! `slurm_sbatch` and `slurm_rest` submit jobs that run the real `tela node` to a real local
+//! Slurm, started (as root) by `.ci/slurm/start.sh`, which also writes the variables they read
+//! to `/run/tela-slurm/env`. Without it they print a "skipped" line, and fail when
+//! `TELA_REQUIRE_SLURM=1` (as in CI).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -59,3 +59,13 @@ fn a_renewed_token_file_is_picked_up() {
         assert_eq!(jobs[0].state, tela_runtime::batch::BatchState::Ended);
     });
 }
+
+#[test]
+fn rest_job_drains_on_its_own_timer_before_its_limit() {
+    let Some(env) = slurm_env::slurm_env("rest_job_drains_on_its_own_timer_before_its_limit", true) else { return };
+    common::tela_bin();
+    common::run_test(Duration::from_secs(240), async {
+        let batch = SlurmRest::connect(config(&env)).await.expect("connects");
+        slurm_env::a_job_near_its_limit_drains_by_itself(&batch, &env, false).await;
+    });
+}

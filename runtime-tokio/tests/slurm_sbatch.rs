@@ -48,3 +48,15 @@ fn a_missing_sbatch_is_unreachable_not_a_panic() {
         assert!(err.to_string().contains("did not finish within"), "{err}");
     });
 }
+
+#[test]
+fn sbatch_job_drains_on_slurms_warning_before_its_limit() {
+    let Some(env) = slurm_env::slurm_env("sbatch_job_drains_on_slurms_warning_before_its_limit", false) else {
+        return;
+    };
+    common::tela_bin();
+    common::run_test(Duration::from_secs(240), async {
+        let batch = Sbatch::new(SbatchConfig::default());
+        slurm_env::a_job_near_its_limit_drains_by_itself(&batch, &env, true).await;
+    });
+}

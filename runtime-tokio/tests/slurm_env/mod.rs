@@ -234,3 +234,37 @@ pub async fn a_refused_job_says_why(batch: &dyn BatchSystem, env: &SlurmEnv) {
     let err = batch.submit(&job).await.expect_err("more GPUs than the node has");
     assert!(matches!(err, BatchError::Refused { .. }), "{err}");
 }
+
+/// A job near its time limit drains and ends on its own, COMPLETED rather than TIMEOUT: with
+/// `via_signal`, by Slurm's `--signal=B:USR1@...` warning that the batch shell's trap passes on
+/// (sbatch); without, by the node's own timer from the time left it reads from Slurm (REST,
+/// which cannot ask for a batch-shell signal).
+pub async fn a_job_near_its_limit_drains_by_itself(batch: &dyn BatchSystem, env: &SlurmEnv, via_signal: bool) {
+    let name = batch.name().to_string();
+    let dir = tempfile::Builder::new().prefix("tela-slurm-walltime").tempdir().expect("tempdir");
+    let anchor = common::anchor().await;
+    let mut template = template(env, dir.path(), &anchor.local_addr().to_string());
+    // Two minutes, of which the last 30 s are the drain window: the warning is asked for 90 s
+    // before the limit (30 s into the job, up to 30 s late), the node's own timer fires 90 s in.
+    template.drain_window = Duration::from_secs(30);
+    let job = template.render("slurm-walltime", &one_gpu(), Duration::from_secs(120)).expect("renders");
+    let id = batch.submit(&job).await.unwrap_or_else(|e| panic!("{name}: submit: {e}"));
+    let running = wait_job(batch, id, "running with a node id", Duration::from_secs(60), |j| {
+        j.state == BatchState::Running && j.node().is_some()
+    })
+    .await;
+    let node = running.node().expect("node id");
+    common::until(&anchor, "the job's node serving", Duration::from_secs(60), |s| {
+        common::record_in(s, &node, Lifecycle::Serve).is_some()
+    })
+    .await;
+    common::until(&anchor, "the node LEFT before the limit", Duration::from_secs(150), |s| {
+        common::record_in(s, &node, Lifecycle::Left).is_some()
+    })
+    .await;
+    let ended = wait_job(batch, id, "ended", Duration::from_secs(30), |j| j.state == BatchState::Ended).await;
+    let log = output(dir.path(), id);
+    assert_eq!(ended.raw_state, "COMPLETED", "{name}: the node left before the limit:\n{log}");
+    assert_eq!(log.contains("tela: SIGUSR1 received"), via_signal, "{name}: job output:\n{log}");
+    assert!(log.contains("tela node exited with status 0"), "{name}: job output:\n{log}");
+}
