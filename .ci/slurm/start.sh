@@ -108,6 +108,8 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
 SlurmdParameters=config_overrides
+# Listen on the addresses named here (127.0.0.1), not on every interface.
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 ReturnToService=2
 KillWait=5
 MinJobAge=600
