@@ -1,47 +1,35 @@
-//! The [`BatchSystem`] a plan's `[spin.backend]` names.
+//! The [`BatchSystem`] a plan's `[spin.backend]` names: the Slurm commands
+//! ([`tela_runtime::batch::sbatch`]) or slurmrestd ([`tela_runtime::batch::slurmrest`]).
 
 use std::sync::Arc;
 
-use tela_runtime::batch::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchSystem, JobRequest, JobSignal};
+use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
+use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig};
+use tela_runtime::batch::BatchSystem;
 
 use super::config::BackendPlan;
 
 /// The backend for `plan`.
 pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
-    Ok(Arc::new(Unavailable { name: plan.to_string() }))
-}
-
-/// A backend this build cannot drive: every call fails, so requests wait and time out with the
-/// reason in the logs and in `/status`.
-struct Unavailable {
-    name: String,
-}
-
-impl Unavailable {
-    fn fail<'a, T: Send + 'a>(&self) -> BatchFuture<'a, T> {
-        let detail = format!("{} is not available in this build of tela", self.name);
-        Box::pin(async move { Err(BatchError::Unreachable { backend: "unavailable", detail }) })
-    }
-}
-
-impl BatchSystem for Unavailable {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn submit<'a>(&'a self, _job: &'a JobRequest) -> BatchFuture<'a, BatchJobId> {
-        self.fail()
-    }
-
-    fn jobs<'a>(&'a self, _ids: &'a [BatchJobId]) -> BatchFuture<'a, Vec<BatchJob>> {
-        self.fail()
-    }
-
-    fn cancel(&self, _id: BatchJobId) -> BatchFuture<'_, ()> {
-        self.fail()
-    }
-
-    fn signal(&self, _id: BatchJobId, _signal: JobSignal) -> BatchFuture<'_, ()> {
-        self.fail()
+    match plan {
+        BackendPlan::Sbatch { sbatch, squeue, scancel, sbatch_args, query_args, timeout } => {
+            Ok(Arc::new(Sbatch::new(SbatchConfig {
+                sbatch: sbatch.clone(),
+                squeue: squeue.clone(),
+                scancel: scancel.clone(),
+                sbatch_args: sbatch_args.clone(),
+                query_args: query_args.clone(),
+                timeout: *timeout,
+                ..SbatchConfig::default()
+            })))
+        }
+        BackendPlan::Slurmrest { url, user, token_file, version, timeout } => {
+            let version: RestVersion =
+                version.parse().map_err(|e: tela_runtime::batch::slurmrest::UnknownRestVersion| e.to_string())?;
+            let mut config = SlurmRestConfig::new(url.clone(), user.clone(), token_file.clone());
+            config.timeout = *timeout;
+            config.version = Some(version);
+            Ok(Arc::new(SlurmRest::with_version(config, version).map_err(|e| e.to_string())?))
+        }
     }
 }

@@ -696,8 +696,11 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                 })
             };
             let url = required(&b.url, "url", "\"http://slurm-rest:6820\"")?;
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(invalid("spin.backend.url", format!("'{url}' is not an http:// or https:// URL")));
+            if !url.starts_with("http://") {
+                return Err(invalid(
+                    "spin.backend.url",
+                    format!("'{url}' is not an http:// URL: slurmrestd speaks plain HTTP (reach it on loopback or through a TLS proxy's http:// side)"),
+                ));
             }
             let user = required(&b.user, "user", "\"tela\"")?;
             let token_file = b.token_file.clone().ok_or_else(|| {
@@ -707,11 +710,8 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                 )
             })?;
             let version = b.version.clone().unwrap_or_else(|| "v0.0.38".into());
-            if !version.starts_with('v') {
-                return Err(invalid(
-                    "spin.backend.version",
-                    format!("'{version}' is not an OpenAPI version like v0.0.38"),
-                ));
+            if let Err(e) = version.parse::<tela_runtime::batch::slurmrest::RestVersion>() {
+                return Err(invalid("spin.backend.version", e.to_string()));
             }
             Ok(BackendPlan::Slurmrest {
                 url: url.trim_end_matches('/').to_string(),
@@ -872,20 +872,6 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
             "must contain {port}: the engine listens on 127.0.0.1:{port}, where the node probes it",
         ));
     }
-    let mut rest = m.engine.as_str();
-    while let Some(open) = rest.find('{') {
-        let Some(close) = rest[open..].find('}') else { break };
-        let name = &rest[open + 1..open + close];
-        if !matches!(name, "model" | "port" | "tp" | "pp" | "gpus" | "variant") {
-            return Err(invalid(
-                key("engine"),
-                format!(
-                    "unknown placeholder {{{name}}}; use {{model}}, {{port}}, {{tp}}, {{pp}}, {{gpus}} or {{variant}}"
-                ),
-            ));
-        }
-        rest = &rest[open + close + 1..];
-    }
     for name in &m.partitions {
         if !partitions.iter().any(|p| p.name == *name) {
             let known: Vec<&str> = partitions.iter().map(|p| p.name.as_str()).collect();
@@ -924,12 +910,14 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
         return Err(invalid(key("walltime"), "must be at least one minute, Slurm's granularity"));
     }
     let drain_window = positive(&key("drain_window"), m.drain_window, Duration::from_secs(15 * 60))?;
-    if drain_window >= policy.walltime {
+    let slack = tela_runtime::batch::template::DRAIN_SIGNAL_SLACK;
+    if drain_window + slack >= policy.walltime {
         return Err(invalid(
             key("drain_window"),
             format!(
-                "{} is not shorter than the walltime {}",
+                "{} plus the {} by which Slurm's warning comes ahead of it is not shorter than the walltime {}",
                 humantime::format_duration(drain_window),
+                humantime::format_duration(slack),
                 humantime::format_duration(policy.walltime)
             ),
         ));
@@ -941,11 +929,32 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
         return Err(invalid(key("scale_down_percent"), format!("{} is outside 1..=100", policy.scale_down_percent)));
     }
     let shapes: Vec<NodeShape> = partitions.iter().map(|p| p.shape(p.nodes)).collect();
-    if let Err(reason) = place_on(&policy.spec, &policy.shapes, &shapes) {
-        let over = if policy.shapes.is_empty() { "any partition" } else { "its partitions" };
-        return Err(invalid(format!("spin.model[{}]", m.name), format!("cannot be placed on {over}: {reason}")));
+    let placement = match place_on(&policy.spec, &policy.shapes, &shapes) {
+        Ok(p) => p,
+        Err(reason) => {
+            let over = if policy.shapes.is_empty() { "any partition" } else { "its partitions" };
+            return Err(invalid(format!("spin.model[{}]", m.name), format!("cannot be placed on {over}: {reason}")));
+        }
+    };
+    let model = SpinModel { policy, engine: m.engine.clone(), drain_window };
+    // The job template's own checks (placeholders, values a script cannot hold), on a job
+    // rendered with stand-in settings.
+    let settings = JobSettings {
+        tela: "tela".into(),
+        join: vec!["check:1".into()],
+        join_secret_file: "secret".into(),
+        transport: "auto".into(),
+        working_dir: "/tmp".into(),
+        account: None,
+        cpus_per_task: 1,
+        setup: Vec::new(),
+        env: Vec::new(),
+    };
+    let partition = &partitions[placement.shape];
+    if let Err(e) = super::job::render(&settings, partition, &model, &placement, model.policy.walltime) {
+        return Err(invalid(key("engine"), e.to_string()));
     }
-    Ok(SpinModel { policy, engine: m.engine.clone(), drain_window })
+    Ok(model)
 }
 
 #[cfg(test)]
@@ -1042,6 +1051,12 @@ engine = "serve --port {port}"
             (m.replace("quantization = \"bf16\"", "quantization = \"gguf\""), "spin.model[small].weights", "cannot be estimated"),
             (m.replace("serve --port {port}", "serve"), "spin.model[small].engine", "must contain {port}"),
             (m.replace("serve --port {port}", "serve --port {port} {flavour}"), "spin.model[small].engine", "unknown placeholder {flavour}"),
+            (format!("{m}walltime = \"16m\"\n"), "spin.model[small].drain_window", "not shorter than the walltime"),
+            (
+                m.replace("kind = \"sbatch\"", "kind = \"slurmrest\"\nurl = \"http://r:6820\"\nuser = \"u\"\ntoken_file = \"/t\"\nversion = \"v9\""),
+                "spin.backend.version",
+                "not a slurmrestd version",
+            ),
             (format!("{m}partitions = [\"gpu\", \"h100\"]\n"), "spin.model[small].partitions", "unknown partition 'h100'"),
             (format!("{m}scale_down_percent = 0\n"), "spin.model[small].scale_down_percent", "outside 1..=100"),
             (m.replace("kind = \"sbatch\"", "kind = \"pbs\""), "kind", "unknown variant"),

@@ -437,7 +437,14 @@ impl SpinTask {
             SpinCommand::Submit { job, model, placement, walltime } => {
                 let Some(spec) = self.plan.model(&model) else { return };
                 let Some(partition) = self.plan.partition(&placement.shape_name) else { return };
-                let request = job::render(&self.plan.job, partition, spec, job, &placement, walltime);
+                let request = match job::render(&self.plan.job, partition, spec, &placement, walltime) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Checked with the configuration, so not expected; the job counts as ended.
+                        self.error("submit", format!("cannot render the job for '{model}': {e}"));
+                        return;
+                    }
+                };
                 self.jobs.insert(
                     job,
                     TrackedJob {
