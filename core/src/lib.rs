@@ -49,8 +49,10 @@
 //! ```
 //!
 //! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
-//! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state), [`pushpull`] (dissemination),
-//! [`swim`] (failure detection by probing) and [`broadcast`] (piggybacked updates), not wired in yet,
+//! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
+//! two ways of spreading the registry — [`pushpull`] (the default) and [`swim_mode`] (SWIM probing,
+//! built on [`swim`] (failure detection) and [`broadcast`] (piggybacked updates)), chosen with
+//! [`Config::dissemination`] —
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
 //! and [`harness`] (a multi-node test bench, behind the `harness` feature).
@@ -71,6 +73,7 @@ pub mod replica;
 pub mod routing;
 pub mod spin;
 pub mod swim;
+pub mod swim_mode;
 pub mod time;
 pub mod timer;
 pub mod wire;
@@ -89,5 +92,6 @@ pub use replica::Replica;
 pub use routing::{route, RouteError};
 pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
 pub use swim::{Swim, SwimConfig};
+pub use swim_mode::{Dissemination, SwimSettings};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};

@@ -168,6 +168,7 @@ impl Node {
         if let Some(routable) = merged.routable {
             self.emit_routable(after.id, routable);
         }
+        self.spread_local_change();
         if after.state != before.state || after.generation != before.generation {
             self.emit_local_state();
             // Lifecycle news is urgent: gateways must stop routing to a draining node at once.

@@ -6,6 +6,8 @@ use crate::lifecycle::Local;
 use crate::pushpull::PushPull;
 use crate::record::{Lifecycle, Load, Model, Reachability, Record, Role, SharedRecord};
 use crate::replica::Replica;
+use crate::swim::{Swim, SwimConfigError};
+use crate::swim_mode::{Dissemination, SwimState};
 use crate::time::Time;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::{self, DecodeError, MAX_DATAGRAM};
@@ -50,6 +52,11 @@ pub struct Config {
     pub leave_linger: Duration,
     /// Largest datagram to send, at most [`MAX_DATAGRAM`].
     pub max_datagram: usize,
+    /// How records spread and liveness is judged: push-pull with heartbeats (the default), or
+    /// SWIM probing with piggybacked updates. In Swim mode `gossip_interval`, `fanout`,
+    /// `heartbeat_interval`, `dead_after` and `sweep_interval` are not used (the push-pull
+    /// exchanges of anti-entropy and of lifecycle news still use `fanout`).
+    pub dissemination: Dissemination,
 }
 
 impl Config {
@@ -71,6 +78,7 @@ impl Config {
             drain_window: Duration::from_secs(15 * 60),
             leave_linger: Duration::from_secs(1),
             max_datagram: MAX_DATAGRAM,
+            dissemination: Dissemination::PushPull,
         }
     }
 
@@ -96,6 +104,18 @@ impl Config {
         if self.fanout == 0 {
             return Err(ConfigError::ZeroFanout);
         }
+        if let Dissemination::Swim(s) = &self.dissemination {
+            s.detector.validate()?;
+            if s.gossip_interval.is_zero() {
+                return Err(ConfigError::ZeroInterval("swim gossip_interval"));
+            }
+            if s.anti_entropy_interval.is_zero() {
+                return Err(ConfigError::ZeroInterval("swim anti_entropy_interval"));
+            }
+            if s.gossip_fanout == 0 {
+                return Err(ConfigError::ZeroFanout);
+            }
+        }
         Ok(())
     }
 }
@@ -120,6 +140,9 @@ pub enum ConfigError {
     /// Nobody to gossip with.
     #[error("fanout must be at least 1")]
     ZeroFanout,
+    /// The failure detector's settings cannot work.
+    #[error("swim detector: {0}")]
+    Swim(#[from] SwimConfigError),
 }
 
 /// Something that happened outside the state machine, fed with [`Node::handle_input`].
@@ -233,6 +256,12 @@ pub struct Stats {
     pub refutations: u64,
     /// Models from the engine dropped because their names are empty or too long for the wire.
     pub models_rejected: u64,
+    /// Swim mode: suspicions this node raised.
+    pub suspicions_raised: u64,
+    /// Swim mode: suspicions of this node it refuted by raising its heartbeat.
+    pub suspicions_refuted: u64,
+    /// Swim mode: nodes this node's detector confirmed failed and marked DOWN.
+    pub confirmed_down: u64,
 }
 
 /// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.
@@ -285,6 +314,7 @@ pub struct Node {
     pub(crate) connected: Vec<NodeId>,
     pub(crate) local: Local,
     pub(crate) gossip: PushPull,
+    pub(crate) swim: Option<SwimState>,
     pub(crate) stats: Stats,
     pub(crate) exited: bool,
     flips: Vec<(NodeId, bool)>,
@@ -304,25 +334,45 @@ impl Node {
         }
         let record =
             Record::new(config.id, config.generation, config.role, config.hardware.clone(), config.reach.clone());
+        let swim = match &config.dissemination {
+            Dissemination::PushPull => None,
+            Dissemination::Swim(settings) => {
+                let mut settings = settings.clone();
+                settings.gossip_interval = settings.gossip_interval.max(tick);
+                settings.anti_entropy_interval = settings.anti_entropy_interval.max(tick);
+                settings.gossip_fanout = settings.gossip_fanout.max(1);
+                Some(SwimState::new(settings, config.id, config.rng_seed, now))
+            }
+        };
+        let replica = match swim {
+            None => Replica::new(record, now, config.dead_after),
+            Some(_) => Replica::without_expiry(record, now),
+        };
         let mut node = Node {
             rng: ChaCha8Rng::seed_from_u64(config.rng_seed),
-            replica: Replica::new(record, now, config.dead_after),
+            replica,
             now,
             timers: TimerTable::default(),
             outputs: VecDeque::new(),
             connected: Vec::new(),
             local: Local::default(),
             gossip: PushPull::default(),
+            swim,
             stats: Stats::default(),
             exited: false,
             flips: Vec::new(),
             config,
         };
+        node.emit_local_state();
+        if node.swim.is_some() {
+            // Heartbeats move only with changes and nothing expires: no heartbeat, no sweep.
+            node.swim_start();
+            return node;
+        }
         let jitter = node.jitter(node.config.gossip_interval);
         node.timers.set(Timer::Gossip, now + jitter);
         node.timers.set(Timer::Heartbeat, now + node.config.heartbeat_interval);
         node.timers.set(Timer::Sweep, now + node.config.sweep_interval);
-        node.emit_local_state();
         node
     }
 
@@ -338,11 +388,13 @@ impl Node {
             Input::PeerConnected(peer) => {
                 if let Err(i) = self.connected.binary_search(&peer) {
                     self.connected.insert(i, peer);
+                    self.swim_connection(peer, true);
                 }
             }
             Input::PeerDisconnected(peer) => {
                 if let Ok(i) = self.connected.binary_search(&peer) {
                     self.connected.remove(i);
+                    self.swim_connection(peer, false);
                 }
             }
             Input::EngineReady { models } => self.engine_ready(models),
@@ -350,6 +402,9 @@ impl Node {
             Input::DrainRequested => self.start_drain(),
             Input::Walltime(at) => self.set_walltime(at),
             Input::Load(load) => self.set_load(load),
+        }
+        if self.swim.is_some() {
+            self.swim_drive();
         }
     }
 
@@ -378,6 +433,16 @@ impl Node {
         &self.config
     }
 
+    /// The failure detector, in Swim mode.
+    pub fn swim(&self) -> Option<&Swim> {
+        self.swim.as_ref().map(|s| &s.detector)
+    }
+
+    /// Swim mode: updates waiting to be piggybacked, as (records, suspicions).
+    pub fn swim_queued(&self) -> Option<(usize, usize)> {
+        self.swim.as_ref().map(SwimState::queued)
+    }
+
     /// Counters since start.
     pub fn stats(&self) -> Stats {
         self.stats
@@ -404,6 +469,9 @@ impl Node {
                 break;
             }
             fired.push(timer);
+            if self.swim_timer(timer) {
+                continue;
+            }
             match timer {
                 Timer::Gossip => {
                     self.gossip_round();
@@ -422,6 +490,7 @@ impl Node {
                     self.flips = flips;
                     self.timers.set(Timer::Sweep, self.now + self.config.sweep_interval);
                 }
+                Timer::Probe | Timer::AntiEntropy => {} // Swim mode's, handled above
                 Timer::DrainStart => self.start_drain(),
                 Timer::DrainDeadline => self.leave(),
                 Timer::Exit => {
@@ -438,7 +507,7 @@ impl Node {
         self.stats.datagrams_in += 1;
         self.stats.bytes_in += payload.len() as u64;
         match wire::decode(payload) {
-            Ok(msg) => self.handle_message(from, msg),
+            Ok(msg) => self.swim_message(from, msg),
             Err(error) => {
                 self.stats.rejected += 1;
                 self.outputs.push_back(Output::Event(Event::Rejected { from, error }));
@@ -455,9 +524,13 @@ impl Node {
             return;
         }
         let id = record.id;
+        let before = self.replica.get(&id).map(|s| s.record().generation);
         let merged = self.replica.merge(self.now, Arc::new(record));
         if merged.changed {
             self.stats.records_changed += 1;
+            if self.swim.is_some() {
+                self.swim_record_changed(id, before);
+            }
         }
         if merged.new_node {
             self.outputs.push_back(Output::Event(Event::Discovered(id)));
@@ -485,7 +558,7 @@ impl Node {
         self.outputs.push_back(Output::Transmit(Transmit { to, payload }));
     }
 
-    fn jitter(&mut self, max: Duration) -> Duration {
+    pub(crate) fn jitter(&mut self, max: Duration) -> Duration {
         use rand::Rng;
         let micros = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
         Duration::from_micros(self.rng.random_range(0..micros))

@@ -11,7 +11,9 @@
 //!
 //! This is simple and converges, but every node's heartbeat travels to every node, and a full
 //! pass over the registry takes `n / window` rounds: it is meant for federations of tens to a few
-//! hundred nodes. The 10,000-node protocol replaces it behind the same [`Node`] facade.
+//! hundred nodes. For larger ones [`Dissemination::Swim`](crate::swim_mode::Dissemination::Swim)
+//! ([`crate::swim_mode`]) probes instead and spreads only changes; it keeps these exchanges as
+//! its low-rate anti-entropy.
 
 use crate::id::NodeId;
 use crate::node::Node;
@@ -64,6 +66,11 @@ impl Node {
                     ids.iter().filter_map(|id| self.replica.get(id).map(|s| s.record().clone())).collect();
                 self.send_records(from, &records);
             }
+            swim @ (Message::Ping { .. }
+            | Message::PingReq { .. }
+            | Message::Ack { .. }
+            | Message::Nack { .. }
+            | Message::Gossip(_)) => self.swim_message(from, swim),
         }
     }
 
@@ -86,6 +93,7 @@ impl Node {
                     if let Some(f) = self.replica.note_heartbeat(self.now, &id, v.generation, v.heartbeat) {
                         flips.push((id, f));
                     }
+                    self.swim_heartbeat_heard(id, v.heartbeat);
                 }
                 continue;
             }
@@ -107,7 +115,7 @@ impl Node {
         }
     }
 
-    fn send_digest(&mut self, to: NodeId, reply: bool) {
+    pub(crate) fn send_digest(&mut self, to: NodeId, reply: bool) {
         let limit = self.config.max_datagram;
         let mut b = if reply { Builder::digest_reply(limit) } else { Builder::<DigestEntry>::new(limit) };
         let entry = |slot: &crate::replica::Slot| {
@@ -158,7 +166,7 @@ impl Node {
     /// Up to `k` distinct peers we can send to: public nodes and peers with a live connection,
     /// alive ones first. Dead ones are tried only when too few are alive, so a node cut off by a
     /// partition keeps knocking.
-    fn pick_peers(&mut self, k: usize) -> Vec<NodeId> {
+    pub(crate) fn pick_peers(&mut self, k: usize) -> Vec<NodeId> {
         use rand::Rng;
         let me = self.config.id;
         let mut picked: Vec<NodeId> = Vec::with_capacity(k);
@@ -168,7 +176,8 @@ impl Node {
             for _ in 0..k * 4 {
                 let slot = &self.replica.slots()[self.rng.random_range(1..n)];
                 let r = slot.record();
-                if slot.is_alive() && r.state != Lifecycle::Left && self.reachable(r) && !picked.contains(&r.id) {
+                if self.looks_alive(slot) && r.state != Lifecycle::Left && self.reachable(r) && !picked.contains(&r.id)
+                {
                     picked.push(r.id);
                     if picked.len() == k {
                         return picked;
@@ -184,7 +193,7 @@ impl Node {
             if r.id == me || r.state == Lifecycle::Left || picked.contains(&r.id) || !self.reachable(r) {
                 continue;
             }
-            if slot.is_alive() {
+            if self.looks_alive(slot) {
                 alive.push(r.id);
             } else {
                 other.push(r.id);
@@ -205,8 +214,13 @@ impl Node {
         picked
     }
 
+    /// Alive by heartbeat (push-pull), or not DOWN (Swim mode, where nothing expires).
+    fn looks_alive(&self, slot: &crate::replica::Slot) -> bool {
+        slot.is_alive() && (self.swim.is_none() || slot.record().state < Lifecycle::Down)
+    }
+
     /// Public nodes, and any node with a live connection to us.
-    fn reachable(&self, r: &Record) -> bool {
+    pub(crate) fn reachable(&self, r: &Record) -> bool {
         matches!(r.reach, Reachability::Public(_)) || self.connected.binary_search(&r.id).is_ok()
     }
 }

@@ -91,7 +91,8 @@ pub struct Merged {
 #[derive(Clone, Debug)]
 pub struct Replica {
     local: NodeId,
-    dead_after: Duration,
+    /// `None`: liveness is judged elsewhere (a failure detector), and nothing expires here.
+    dead_after: Option<Duration>,
     slots: Vec<Slot>,
     index: HashMap<NodeId, u32, FixedState>,
     hosts: HashMap<String, Vec<NodeId>, FixedState>,
@@ -118,7 +119,7 @@ impl Replica {
     pub fn new(local: Record, now: Time, dead_after: Duration) -> Replica {
         let mut r = Replica {
             local: local.id,
-            dead_after,
+            dead_after: Some(dead_after),
             slots: Vec::new(),
             index: HashMap::with_hasher(FixedState::default()),
             hosts: HashMap::with_hasher(FixedState::default()),
@@ -126,6 +127,16 @@ impl Replica {
             expiries: BinaryHeap::new(),
         };
         r.merge(now, Arc::new(local));
+        r
+    }
+
+    /// A replica in which nodes never die of silence: for dissemination modes in which
+    /// heartbeats do not flow and a failure detector marks failed nodes DOWN through the lattice
+    /// instead. Only DOWN and LEFT records make a node unroutable.
+    pub fn without_expiry(local: Record, now: Time) -> Replica {
+        let mut r = Replica::new(local, now, Duration::ZERO);
+        r.dead_after = None;
+        r.expiries.clear();
         r
     }
 
@@ -270,7 +281,8 @@ impl Replica {
             if slot.due != due || !slot.alive {
                 continue; // stale entry
             }
-            if slot.last_advanced + self.dead_after > now {
+            let Some(dead_after) = self.dead_after else { continue };
+            if slot.last_advanced + dead_after > now {
                 self.arm(i); // news arrived since it was armed
                 continue;
             }
@@ -284,7 +296,8 @@ impl Replica {
 
     /// Puts slot `i` into the expiry heap at the time it would die without news.
     fn arm(&mut self, i: usize) {
-        let due = self.slots[i].last_advanced + self.dead_after;
+        let Some(dead_after) = self.dead_after else { return };
+        let due = self.slots[i].last_advanced + dead_after;
         self.slots[i].due = due;
         self.expiries.push(Reverse((due, i as u32)));
     }
@@ -400,6 +413,19 @@ mod tests {
         flips.clear();
         r.sweep(Time::from_secs(100), &mut flips);
         assert!(r.get(&NodeId::from_u64(0)).unwrap().is_alive());
+    }
+
+    #[test]
+    fn without_expiry_nobody_dies_of_silence() {
+        let local = (*rec(0, 1, Lifecycle::Join, 0, &[])).clone();
+        let mut r = Replica::without_expiry(local, Time::ZERO);
+        let mut flips = Vec::new();
+        r.merge(Time::from_secs(1), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
+        r.sweep(Time::from_secs(100_000), &mut flips);
+        assert!(flips.is_empty());
+        assert_eq!(r.serving("m"), &[NodeId::from_u64(1)]);
+        // DOWN through the lattice still ends routing.
+        assert_eq!(r.merge(Time::from_secs(2), rec(1, 1, Lifecycle::Down, 1, &["m"])).routable, Some(false));
     }
 
     #[test]

@@ -484,6 +484,13 @@ impl Swim {
         self.incarnation
     }
 
+    /// This node refuted a suspicion of itself that it handled without [`Swim::on_suspect_gossip`]
+    /// (the node keeps its own incarnation in its record): counts against local health as a
+    /// refutation through `on_suspect_gossip` would.
+    pub fn note_refuted(&mut self) {
+        self.worse_health(1);
+    }
+
     /// Raises this node's incarnation to at least `incarnation` (the node moved its record on).
     pub fn set_incarnation(&mut self, incarnation: u64) {
         self.incarnation = self.incarnation.max(incarnation);

@@ -5,12 +5,16 @@ use crate::time::Time;
 /// Every timer a [`Node`](crate::Node) can arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timer {
-    /// Start a gossip round.
+    /// Start a gossip round (push-pull), or piggyback-only gossip while there is news (Swim).
     Gossip,
     /// Bump the local heartbeat and refresh the load summary.
     Heartbeat,
     /// Re-judge the liveness of every known node.
     Sweep,
+    /// The failure detector's next deadline (Swim mode).
+    Probe,
+    /// Push-pull with one peer to repair what piggybacking missed (Swim mode).
+    AntiEntropy,
     /// Walltime minus the drain window: start draining.
     DrainStart,
     /// The drain deadline: leave even if requests are still in flight.
@@ -21,9 +25,17 @@ pub enum Timer {
 
 impl Timer {
     /// All timers, in the order they fire when due at the same time.
-    pub const ALL: [Timer; 6] =
-        [Timer::DrainDeadline, Timer::DrainStart, Timer::Heartbeat, Timer::Sweep, Timer::Gossip, Timer::Exit];
-    const COUNT: usize = 6;
+    pub const ALL: [Timer; 8] = [
+        Timer::DrainDeadline,
+        Timer::DrainStart,
+        Timer::Heartbeat,
+        Timer::Sweep,
+        Timer::Probe,
+        Timer::Gossip,
+        Timer::AntiEntropy,
+        Timer::Exit,
+    ];
+    const COUNT: usize = 8;
 
     fn slot(self) -> usize {
         self as usize

@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 /// The largest datagram Tela sends or accepts, in bytes; fits one QUIC datagram on any path.
 pub const MAX_DATAGRAM: usize = 1100;
 /// Version byte leading every datagram. Bumped on any incompatible change.
+///
+/// The SWIM messages ([`Message::Ping`] and after) were appended to [`Message`] without a bump:
+/// the encodings of the earlier variants did not change, and a node that predates them rejects
+/// them as [`DecodeError::Malformed`] without touching its state.
 pub const WIRE_VERSION: u8 = 1;
 
 /// One line of a digest: which version of a node's record the sender holds.
@@ -44,6 +48,71 @@ pub enum Message {
     /// The answer to a [`Message::Digest`]: the receiver's own window, so that the initiator
     /// learns of nodes it did not know (it is not answered with another digest).
     DigestReply(Vec<DigestEntry>),
+    /// A SWIM probe; the receiver answers with an [`Message::Ack`] carrying `seq`.
+    Ping {
+        /// Echoed in the ack.
+        seq: u32,
+        /// Updates riding along.
+        piggyback: Vec<Piggyback>,
+    },
+    /// Asks the receiver to ping `target` and forward its ack (or answer with a nack).
+    PingReq {
+        /// The member to probe.
+        target: NodeId,
+        /// Echoed in the forwarded ack or the nack.
+        seq: u32,
+        /// Updates riding along.
+        piggyback: Vec<Piggyback>,
+    },
+    /// The answer to a ping, or a forwarded answer to a ping-req.
+    Ack {
+        /// The sequence number of the ping answered.
+        seq: u32,
+        /// Updates riding along.
+        piggyback: Vec<Piggyback>,
+    },
+    /// The target of a ping-req did not answer the helper in time.
+    Nack {
+        /// The sequence number of the ping-req.
+        seq: u32,
+        /// Updates riding along.
+        piggyback: Vec<Piggyback>,
+    },
+    /// Updates only, sent to a few random peers while there is news to spread.
+    Gossip(Vec<Piggyback>),
+}
+
+/// One update piggybacked on a SWIM message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Piggyback {
+    /// A record to merge; a record of a suspected node at a higher heartbeat refutes the
+    /// suspicion.
+    Record(Record),
+    /// `from` suspects `id`, whose record it holds at `generation` and `heartbeat`.
+    Suspect {
+        /// The suspect.
+        id: NodeId,
+        /// The suspect's generation as the suspecter holds it.
+        generation: u64,
+        /// The suspect's heartbeat in that generation (its SWIM incarnation).
+        heartbeat: u64,
+        /// Who raised the suspicion.
+        from: NodeId,
+    },
+}
+
+impl Message {
+    /// The piggybacked updates, for the SWIM messages.
+    pub fn piggyback(&self) -> &[Piggyback] {
+        match self {
+            Message::Ping { piggyback, .. }
+            | Message::PingReq { piggyback, .. }
+            | Message::Ack { piggyback, .. }
+            | Message::Nack { piggyback, .. }
+            | Message::Gossip(piggyback) => piggyback,
+            Message::Digest(_) | Message::Records(_) | Message::Want(_) | Message::DigestReply(_) => &[],
+        }
+    }
 }
 
 /// Why a datagram was rejected. Decoding never affects state.
@@ -84,6 +153,11 @@ pub fn decode(datagram: &[u8]) -> Result<Message, DecodeError> {
     }
     if let Message::Records(records) = &msg {
         for r in records {
+            r.validate()?;
+        }
+    }
+    for item in msg.piggyback() {
+        if let Piggyback::Record(r) = item {
             r.validate()?;
         }
     }
@@ -178,6 +252,133 @@ impl<T: WireItem> Builder<T> {
     }
 }
 
+/// Postcard variant indices of the SWIM messages.
+const PING: u8 = 4;
+const PING_REQ: u8 = 5;
+const ACK: u8 = 6;
+const NACK: u8 = 7;
+const GOSSIP: u8 = 8;
+
+/// Builds one SWIM datagram: the probe header first, then as many piggybacked items as fit
+/// below the limit.
+///
+/// Layout: version byte, variant tag, the header's fields, varint item count, items — exactly
+/// postcard's encoding of the [`Message`]. Items arrive already encoded (a
+/// [`crate::broadcast::RecordUpdate`] carries its record's encoding), so filling a datagram from
+/// a broadcast queue encodes nothing twice. [`ProbeBuilder::budget`] is what a queue may still
+/// fill; it keeps room for the largest count the remaining bytes could need, so the finished
+/// datagram can never exceed the limit.
+#[derive(Debug)]
+pub struct ProbeBuilder {
+    limit: usize,
+    head: Vec<u8>,
+    count: usize,
+    items: Vec<u8>,
+}
+
+impl ProbeBuilder {
+    fn with_header(limit: usize, tag: u8, fields: &[u8]) -> ProbeBuilder {
+        let mut head = Vec::with_capacity(2 + fields.len());
+        head.push(WIRE_VERSION);
+        head.push(tag);
+        head.extend_from_slice(fields);
+        ProbeBuilder { limit: limit.clamp(head.len() + 1, MAX_DATAGRAM), head, count: 0, items: Vec::new() }
+    }
+
+    /// A [`Message::Ping`] of at most `limit` bytes.
+    pub fn ping(limit: usize, seq: u32) -> ProbeBuilder {
+        ProbeBuilder::with_header(limit, PING, &varint(seq as usize))
+    }
+
+    /// A [`Message::PingReq`] of at most `limit` bytes.
+    pub fn ping_req(limit: usize, target: NodeId, seq: u32) -> ProbeBuilder {
+        let mut fields = postcard::to_allocvec(&target).unwrap_or_default();
+        fields.extend(varint(seq as usize));
+        ProbeBuilder::with_header(limit, PING_REQ, &fields)
+    }
+
+    /// A [`Message::Ack`] of at most `limit` bytes.
+    pub fn ack(limit: usize, seq: u32) -> ProbeBuilder {
+        ProbeBuilder::with_header(limit, ACK, &varint(seq as usize))
+    }
+
+    /// A [`Message::Nack`] of at most `limit` bytes.
+    pub fn nack(limit: usize, seq: u32) -> ProbeBuilder {
+        ProbeBuilder::with_header(limit, NACK, &varint(seq as usize))
+    }
+
+    /// A [`Message::Gossip`] of at most `limit` bytes.
+    pub fn gossip(limit: usize) -> ProbeBuilder {
+        ProbeBuilder::with_header(limit, GOSSIP, &[])
+    }
+
+    /// Bytes still free for items, with room kept for the item count however many items fill
+    /// them (every item takes at least one byte).
+    pub fn budget(&self) -> usize {
+        let free = self.limit.saturating_sub(self.head.len() + self.items.len());
+        let reserve = varint_len(self.count + free);
+        free.saturating_sub(reserve)
+    }
+
+    /// Appends one item's postcard encoding if it fits within [`ProbeBuilder::budget`]; returns
+    /// false (and changes nothing) if it does not.
+    pub fn push_encoded(&mut self, item: &[u8]) -> bool {
+        if item.is_empty() || item.len() > self.budget() {
+            return false;
+        }
+        self.items.extend_from_slice(item);
+        self.count += 1;
+        true
+    }
+
+    /// Encodes and appends `item` if it fits.
+    pub fn push(&mut self, item: &Piggyback) -> bool {
+        let mut scratch = [0u8; MAX_DATAGRAM];
+        match postcard::to_slice(item, &mut scratch) {
+            Ok(encoded) => self.push_encoded(encoded),
+            Err(_) => false,
+        }
+    }
+
+    /// Items added so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True when no item was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The datagram.
+    pub fn finish(self) -> Bytes {
+        let mut out = self.head;
+        out.extend(varint(self.count));
+        out.extend_from_slice(&self.items);
+        debug_assert!(out.len() <= self.limit);
+        Bytes::from(out)
+    }
+}
+
+/// Postcard's unsigned varint.
+fn varint(mut n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(varint_len(n));
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// The postcard encoding of one item, as [`ProbeBuilder::push_encoded`] takes it.
+pub fn encode_piggyback(item: &Piggyback) -> Bytes {
+    Bytes::from(postcard::to_allocvec(item).unwrap_or_default())
+}
+
 fn varint_len(mut n: usize) -> usize {
     let mut len = 1;
     while n >= 0x80 {
@@ -269,7 +470,108 @@ mod tests {
         assert!(matches!(decode(&encode_unbounded(&Message::Records(vec![bad]))), Err(DecodeError::InvalidRecord(_))));
     }
 
+    fn piggyback() -> impl Strategy<Value = Piggyback> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(i, g, h, f)| Piggyback::Suspect {
+                id: NodeId::from_u64(i),
+                generation: g,
+                heartbeat: h,
+                from: NodeId::from_u64(f),
+            }),
+            (any::<u64>(), any::<u64>(), 0u8..4, prop::collection::vec(0u8..40, 0..MAX_MODELS)).prop_map(
+                |(i, g, s, models)| {
+                    let mut r = largest_record();
+                    r.id = NodeId::from_u64(i);
+                    r.generation = g;
+                    r.state = [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left][s as usize];
+                    r.models = ModelSet::from_models(models.iter().map(|m| Model::named(format!("m{m}"))).collect());
+                    Piggyback::Record(r)
+                }
+            ),
+        ]
+    }
+
+    #[test]
+    fn probe_builders_match_postcard() {
+        let items = vec![
+            Piggyback::Suspect { id: NodeId::from_u64(3), generation: 7, heartbeat: 9, from: NodeId::from_u64(4) },
+            Piggyback::Record(Record::new(
+                NodeId::from_u64(8),
+                5,
+                Role::Serving,
+                Hardware::CPU,
+                Reachability::OutboundOnly,
+            )),
+        ];
+        let build = |mut b: ProbeBuilder| {
+            for i in &items {
+                assert!(b.push(i));
+            }
+            b.finish()
+        };
+        let cases = [
+            (build(ProbeBuilder::ping(MAX_DATAGRAM, 300)), Message::Ping { seq: 300, piggyback: items.clone() }),
+            (
+                build(ProbeBuilder::ping_req(MAX_DATAGRAM, NodeId::from_u64(5), 1)),
+                Message::PingReq { target: NodeId::from_u64(5), seq: 1, piggyback: items.clone() },
+            ),
+            (
+                build(ProbeBuilder::ack(MAX_DATAGRAM, u32::MAX)),
+                Message::Ack { seq: u32::MAX, piggyback: items.clone() },
+            ),
+            (build(ProbeBuilder::nack(MAX_DATAGRAM, 0)), Message::Nack { seq: 0, piggyback: items.clone() }),
+            (build(ProbeBuilder::gossip(MAX_DATAGRAM)), Message::Gossip(items.clone())),
+        ];
+        for (datagram, msg) in cases {
+            assert_eq!(&datagram[..], &encode_unbounded(&msg)[..]);
+            assert_eq!(decode(&datagram).unwrap(), msg);
+        }
+        // An invalid piggybacked record is rejected like one in `Records`.
+        let mut bad = largest_record();
+        bad.reach = Reachability::Public("x".repeat(MAX_ADDR + 1));
+        let msg = Message::Gossip(vec![Piggyback::Record(bad)]);
+        assert!(matches!(decode(&encode_unbounded(&msg)), Err(DecodeError::InvalidRecord(_))));
+    }
+
     proptest! {
+        #[test]
+        fn probe_messages_round_trip_within_the_limit(
+            kind in 0u8..5,
+            seq in any::<u32>(),
+            target in any::<u64>(),
+            limit in 64usize..1200,
+            items in prop::collection::vec(piggyback(), 0..12),
+        ) {
+            let mut b = match kind {
+                0 => ProbeBuilder::ping(limit, seq),
+                1 => ProbeBuilder::ping_req(limit, NodeId::from_u64(target), seq),
+                2 => ProbeBuilder::ack(limit, seq),
+                3 => ProbeBuilder::nack(limit, seq),
+                _ => ProbeBuilder::gossip(limit),
+            };
+            let mut taken = Vec::new();
+            for i in items {
+                let before = b.budget();
+                let encoded = encode_piggyback(&i);
+                if b.push_encoded(&encoded) {
+                    prop_assert!(encoded.len() <= before);
+                    taken.push(i);
+                } else {
+                    prop_assert!(encoded.len() > before);
+                }
+            }
+            let d = b.finish();
+            prop_assert!(d.len() <= limit.min(MAX_DATAGRAM), "{} bytes over {}", d.len(), limit);
+            let msg = match kind {
+                0 => Message::Ping { seq, piggyback: taken },
+                1 => Message::PingReq { target: NodeId::from_u64(target), seq, piggyback: taken },
+                2 => Message::Ack { seq, piggyback: taken },
+                3 => Message::Nack { seq, piggyback: taken },
+                _ => Message::Gossip(taken),
+            };
+            prop_assert_eq!(decode(&d).unwrap(), msg);
+        }
+
         #[test]
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..1200)) {
             let _ = decode(&bytes);

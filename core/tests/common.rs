@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use tela_core::harness::Harness;
-use tela_core::{Config, Input, Lifecycle, Model, NodeId, Reachability, Record, Role};
+use tela_core::{Config, Dissemination, Input, Lifecycle, Model, NodeId, Reachability, Record, Role, SwimSettings};
 
 pub fn id(n: u64) -> NodeId {
     NodeId::from_u64(n)
@@ -28,6 +28,12 @@ pub fn outbound(n: u64) -> Config {
 pub fn gateway(n: u64) -> Config {
     let mut c = public(n);
     c.role = Role::Gateway;
+    c
+}
+
+/// The same node in Swim mode with the default settings.
+pub fn swim(mut c: Config) -> Config {
+    c.dissemination = Dissemination::Swim(SwimSettings::default());
     c
 }
 
@@ -68,10 +74,15 @@ pub const LONG: Duration = Duration::from_secs(60);
 /// `n` public nodes at 5% loss, all dialled to node 1, nodes 2..=n serving model "m"; returns
 /// once every node routes to every serving node and all views agree.
 pub fn federation(n: u64, seed: u64) -> Harness {
+    federation_of(n, seed, public)
+}
+
+/// [`federation`] with node `i` configured by `config(i)`.
+pub fn federation_of(n: u64, seed: u64, config: impl Fn(u64) -> Config) -> Harness {
     let mut h = Harness::new(seed);
     h.set_loss(0.05);
     for i in 1..=n {
-        h.add(public(i));
+        h.add(config(i));
     }
     for i in 2..=n {
         h.connect(id(1), id(i));

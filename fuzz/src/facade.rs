@@ -33,10 +33,10 @@ use arbitrary::Unstructured;
 use bytes::Bytes;
 use core::time::Duration;
 use std::collections::BTreeSet;
-use tela_core::wire::{self, Builder, DigestEntry, Message, MAX_DATAGRAM};
+use tela_core::wire::{self, Builder, DigestEntry, Message, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
-    Command, Config, Event, GpuModel, Hardware, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId, Output,
-    Quantization, Reachability, Record, Role, Time, Version,
+    Command, Config, Dissemination, Event, GpuModel, Hardware, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId,
+    Output, Quantization, Reachability, Record, Role, SwimSettings, Time, Version,
 };
 
 /// The fuzzed node's id.
@@ -82,8 +82,12 @@ pub(crate) mod op {
     pub const CONNECT: u8 = 14;
     /// `[id]`: the connection to node `id % 8` is gone.
     pub const DISCONNECT: u8 = 15;
+    /// `[from, kind, seq: u16, target, count, item..]`: a SWIM message (`kind % 5`: ping,
+    /// ping-req for `target`, ack, nack, gossip) carrying `count % 5` piggybacked items (see
+    /// `piggyback`).
+    pub const PROBE: u8 = 16;
     /// Number of operations.
-    pub const OPS: u8 = DISCONNECT + 1;
+    pub const OPS: u8 = PROBE + 1;
 }
 
 /// Feeds a [`Node`] the sequence of inputs encoded in `data` and checks its guarantees after
@@ -127,10 +131,10 @@ fn duration(u: &mut Unstructured<'_>, default: Duration, unit: Duration) -> Dura
     }
 }
 
-/// Twelve bytes: flags (bit 0 gateway, bit 1 public, bits 2–3 the generation's kind),
-/// generation, rng seed, gossip interval (10 ms units), fanout, heartbeat interval (20 ms),
+/// Twelve bytes: flags (bit 0 gateway, bit 1 public, bits 2–3 the generation's kind, bit 4 Swim
+/// mode), generation, rng seed, gossip interval (10 ms units), fanout, heartbeat interval (20 ms),
 /// dead-after (50 ms), sweep interval (10 ms), drain window (250 ms), leave linger (20 ms),
-/// max datagram (`200 + 4 b`) and a spare byte. Zero bytes keep the defaults; values
+/// max datagram (`200 + 4 b`) and, in Swim mode, the protocol period (10 ms). Zero bytes keep the defaults; values
 /// [`Node::new`] must clamp (zero intervals, zero fanout, datagram limits out of range) are
 /// allowed.
 fn config(u: &mut Unstructured<'_>) -> Config {
@@ -165,7 +169,17 @@ fn config(u: &mut Unstructured<'_>) -> Config {
         0 => c.max_datagram,
         b => 200 + 4 * usize::from(b),
     };
-    let _spare = byte(u);
+    let period = byte(u);
+    if flags & (1 << 4) != 0 {
+        let mut swim = SwimSettings::default();
+        // Zero and periods under the probe timeout are allowed: the detector clamps them.
+        swim.detector.protocol_period = match period {
+            0 => swim.detector.protocol_period,
+            255 => Duration::ZERO,
+            b => ms(10) * u32::from(b),
+        };
+        c.dissemination = Dissemination::Swim(swim);
+    }
     c
 }
 
@@ -355,11 +369,47 @@ impl Run {
                 let peer = NodeId::from_u64(u64::from(byte(u) % 8));
                 self.feed(self.now, Input::PeerConnected(peer));
             }
-            _ => {
+            op::DISCONNECT => {
                 let peer = NodeId::from_u64(u64::from(byte(u) % 8));
                 self.feed(self.now, Input::PeerDisconnected(peer));
             }
+            _ => {
+                let from = peer_id(u);
+                let kind = byte(u) % 5;
+                let seq = u32::from(word(u));
+                let target = peer_id(u);
+                let limit = self.node.config().max_datagram;
+                let mut b = match kind {
+                    0 => ProbeBuilder::ping(limit, seq),
+                    1 => ProbeBuilder::ping_req(limit, target, seq),
+                    2 => ProbeBuilder::ack(limit, seq),
+                    3 => ProbeBuilder::nack(limit, seq),
+                    _ => ProbeBuilder::gossip(limit),
+                };
+                for _ in 0..byte(u) % 5 {
+                    let item = self.piggyback(u);
+                    b.push(&item);
+                }
+                self.datagram(from, b.finish().to_vec());
+            }
         }
+    }
+
+    /// One piggybacked item: `[kind]`, then for an even kind a suspicion `[id, generation,
+    /// heartbeat: u16, from]` (generation `% 4`, or the node's own current one when
+    /// `generation % 5 == 4`, so that suspicions of the node itself reach its refutation) and for
+    /// an odd kind a record as in `peer_record`.
+    fn piggyback(&self, u: &mut Unstructured<'_>) -> Piggyback {
+        if byte(u) % 2 == 1 {
+            return Piggyback::Record(peer_record(u));
+        }
+        let id = peer_id(u);
+        let generation = match byte(u) {
+            g if g % 5 == 4 => self.node.local_record().generation,
+            g => u64::from(g % 4),
+        };
+        let heartbeat = u64::from(word(u));
+        Piggyback::Suspect { id, generation, heartbeat, from: peer_id(u) }
     }
 
     /// The node's own record as a peer might hold it: `tweak % 9` picks the change, `amount`
@@ -391,10 +441,21 @@ impl Run {
         let decoded = wire::decode(&payload);
         let was_exited = self.node.has_exited();
         self.feed(self.now, Input::Datagram { from, payload: Bytes::from(payload) });
-        let (Ok(Message::Records(records)), false) = (decoded, was_exited) else {
+        let (Ok(msg), false) = (decoded, was_exited) else {
             return;
         };
-        for r in &records {
+        let records: Vec<&Record> = match &msg {
+            Message::Records(records) => records.iter().collect(),
+            other => other
+                .piggyback()
+                .iter()
+                .filter_map(|p| match p {
+                    Piggyback::Record(r) => Some(r),
+                    Piggyback::Suspect { .. } => None,
+                })
+                .collect(),
+        };
+        for r in records {
             if r.id == OWN {
                 if r.generation < u64::MAX {
                     assert!(

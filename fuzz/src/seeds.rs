@@ -8,7 +8,7 @@
 
 use crate::facade::{drive, op, OWN};
 use std::path::Path;
-use tela_core::wire::{self, Builder, DigestEntry, MAX_DATAGRAM};
+use tela_core::wire::{self, Builder, DigestEntry, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
     FabricId, GpuModel, Hardware, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability, Record, Role,
     Version,
@@ -22,6 +22,8 @@ struct Script(Vec<u8>);
 
 /// Config bytes (see `facade::config`): all defaults, public.
 const PUBLIC: [u8; 12] = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+/// Public, in Swim mode with 100 ms protocol periods.
+const SWIM: [u8; 12] = [2 | 1 << 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10];
 
 impl Script {
     fn new(config: [u8; 12]) -> Script {
@@ -93,6 +95,18 @@ fn node_scripts() -> Seeds {
             .engine_ready(&[0, 1])
             .op(op::CONNECT, &[2])
             .records(2, &[peer(2, 1, Lifecycle::Serve, 7, &[0, 2])])
+    };
+    // Item layouts of `facade::piggyback`: a suspicion, and a record.
+    let suspect = |id: u64, own_generation: bool, heartbeat: u16, from: u64| {
+        let [lo, hi] = heartbeat.to_le_bytes();
+        vec![0, (id - 1) as u8, if own_generation { 4 } else { 1 }, lo, hi, (from - 1) as u8]
+    };
+    let record = |r: Vec<u8>| [vec![1], r].concat();
+    let probe = |from: u64, kind: u8, seq: u16, target: u64, items: &[Vec<u8>]| {
+        let [lo, hi] = seq.to_le_bytes();
+        let mut p = vec![(from - 1) as u8, kind, lo, hi, (target - 1) as u8, items.len() as u8];
+        p.extend(items.concat());
+        p
     };
     let mut drain_config = PUBLIC;
     drain_config[8] = 40; // 10 s drain window
@@ -191,6 +205,25 @@ fn node_scripts() -> Seeds {
                 .bytes(),
         ),
         (
+            "swim_probes_and_refutes",
+            Script::new(SWIM)
+                .engine_ready(&[0])
+                .op(op::CONNECT, &[2])
+                .op(op::PROBE, &probe(2, 4, 0, 2, &[record(peer(2, 1, Lifecycle::Serve, 3, &[1]))]))
+                .op(op::PROBE, &probe(3, 4, 0, 3, &[record(peer(3, 1, Lifecycle::Serve, 1, &[2]))]))
+                .timeouts(12)
+                .op(op::PROBE, &probe(2, 0, 7, 2, &[suspect(3, false, 1, 2)]))
+                .op(op::PROBE, &probe(3, 1, 8, 2, &[suspect(1, true, 5, 3)]))
+                .op(op::PROBE, &probe(2, 2, 0, 2, &[]))
+                .op(op::PROBE, &probe(3, 3, 1, 2, &[suspect(2, false, 3, 3), suspect(2, false, 3, 4)]))
+                .timeouts(60)
+                .after_ms(30_000)
+                .timeouts(20)
+                .op(op::DISCONNECT, &[2])
+                .timeouts(20)
+                .bytes(),
+        ),
+        (
             "malformed_datagrams",
             Script::new(PUBLIC)
                 .op(op::RAW_DATAGRAM, &[1, 3, 0, 1, 9, 9])
@@ -248,7 +281,26 @@ fn wire_seeds() -> Seeds {
     down.reach = Reachability::OutboundOnly;
     down.hardware = Hardware::CPU;
     let one = wire::encode_unbounded(&wire::Message::Records(vec![down]));
+    let mut ping = ProbeBuilder::ping(MAX_DATAGRAM, 70_000);
+    ping.push(&Piggyback::Suspect {
+        id: NodeId::from_u64(4),
+        generation: 1_760_000_000_004,
+        heartbeat: 304,
+        from: NodeId::from_u64(5),
+    });
+    ping.push(&Piggyback::Record(realistic(6, &["qwen2.5-7b"])));
+    let mut gossip = ProbeBuilder::gossip(MAX_DATAGRAM);
+    for n in 1.. {
+        if !gossip.push(&Piggyback::Record(realistic(n, &["meta-llama/Llama-3.1-8B-Instruct"]))) {
+            break;
+        }
+    }
     vec![
+        ("ping", ping.finish().to_vec()),
+        ("ping_req", ProbeBuilder::ping_req(MAX_DATAGRAM, NodeId::from_u64(8), 3).finish().to_vec()),
+        ("ack", ProbeBuilder::ack(MAX_DATAGRAM, 3).finish().to_vec()),
+        ("nack", ProbeBuilder::nack(MAX_DATAGRAM, 3).finish().to_vec()),
+        ("gossip_full", gossip.finish().to_vec()),
         ("records_full", records.finish().to_vec()),
         ("records_one_outbound", one),
         ("digest", digest.finish().to_vec()),
@@ -313,6 +365,13 @@ fn scripted_seeds_do_what_their_names_say() {
     assert!(r.node.stats().datagrams_out > 20);
 
     assert!(run("malformed_datagrams").rejected >= 3);
+
+    let r = run("swim_probes_and_refutes");
+    let s = r.node.stats();
+    assert!(r.node.swim().is_some(), "not in Swim mode");
+    assert!(s.suspicions_refuted >= 1, "the suspicion of the node itself was not refuted: {s:?}");
+    assert!(s.suspicions_raised >= 1 && s.confirmed_down >= 1, "peers never suspected and confirmed: {s:?}");
+    assert_eq!(r.node.local_record().generation, 1, "a refuted suspicion needs no new generation");
 }
 
 /// Checks that every committed seed is what its builder makes; with `TELA_WRITE_SEEDS=1` it

@@ -1,0 +1,532 @@
+//! Second dissemination mode: SWIM probing with piggybacked updates, selected with
+//! [`Dissemination::Swim`].
+//!
+//! Push-pull ([`crate::pushpull`]) sends every node's heartbeat to every node, which is what does
+//! not scale. In Swim mode a node instead:
+//!
+//! - probes one member per protocol period with the [`Swim`] failure detector (ping, then
+//!   ping-req through helpers) and lets Lifeguard's suspicion decide who failed; a confirmed
+//!   failure marks the record DOWN in the same generation, a monotone mark of the lattice that
+//!   spreads like any change, and the failed node, should it still be alive, refutes it with a
+//!   new generation (the usual refute path);
+//! - piggybacks updates on every probe datagram: the probe header first, then suspicions, then
+//!   records, each from its own [`BroadcastQueue`] (one item per node in each, so a suspicion
+//!   never replaces a record or the other way round), as many as fit below `max_datagram`;
+//! - spreads only changes: its own record whenever it changes, and every merged record that was
+//!   news. The heartbeat is no longer bumped on a timer; it moves with the owner's changes and
+//!   with refutations, so within a generation it is the SWIM incarnation. A suspected node
+//!   refutes by bumping its heartbeat above the suspected one and spreading its record;
+//! - sends a piggyback-only [`Message::Gossip`] to `gossip_fanout` random peers every
+//!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
+//!   probes alone;
+//! - runs one push-pull exchange ([`Message::Digest`]) with a random peer every
+//!   `anti_entropy_interval`, and one with every peer that connects (a joining node learns the
+//!   registry this way), so that partitions heal and whatever piggybacking missed is repaired.
+//!   At 10,000 nodes the per-node digest window makes a full pass slow; an exchange of hashed
+//!   buckets of the registry over a stream is meant to take this exchange's place, with the rest
+//!   of Swim mode unchanged.
+//!
+//! Liveness comes from the detector's standing, not from heartbeats: the replica is built
+//! [`Replica::without_expiry`], no sweep runs, and a node stops being routable when its record
+//! turns DOWN (confirmed failure, drain, engine failure) or LEFT. A suspected node stays routable
+//! until the suspicion is confirmed; a request sent to it meanwhile fails over to another node
+//! before its first byte.
+//!
+//! Outbound-only nodes are probed only by peers holding a connection to them, which vouch for
+//! them ([`Swim::set_voucher`]): suspicions of them from anyone else are dropped while a
+//! voucher holds the connection. A voucher that loses the connection raises the suspicion itself.
+//!
+//! The load summary in records is not refreshed in this mode (it would have to be flooded);
+//! routing reads load from the gateway's own accounting.
+//!
+//! [`Replica::without_expiry`]: crate::replica::Replica::without_expiry
+//! [`Message::Gossip`]: crate::wire::Message::Gossip
+//! [`Message::Digest`]: crate::wire::Message::Digest
+
+use crate::broadcast::{BroadcastQueue, Update};
+use crate::id::NodeId;
+use crate::node::Node;
+use crate::record::{Lifecycle, Reachability, SharedRecord};
+use crate::swim::{Action, Event as SwimEvent, Rumor, Swim, SwimConfig};
+use crate::time::Time;
+use crate::timer::Timer;
+use crate::wire::{encode_piggyback, Message, Piggyback, ProbeBuilder};
+use bytes::Bytes;
+use core::time::Duration;
+use std::collections::BTreeSet;
+
+/// Running suspicions repeated on each ping, besides the queue's items: a node that missed a
+/// refutation learns of it from the next peer it probes (which answers the stale suspicion).
+const SUSPICIONS_PER_PING: usize = 2;
+/// How often a node tells the members it suspects, directly, that it does; most suspects told at
+/// once. The epidemic may miss a suspect (outbound-only members hear only from their anchors), and
+/// a suspect that does not hear of its suspicion cannot refute it.
+const NOTICE_INTERVAL: Duration = Duration::from_secs(1);
+const MAX_NOTICES: usize = 4;
+
+/// How a node spreads records and judges liveness.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Dissemination {
+    /// Periodic push-pull of digests with heartbeat-based liveness ([`crate::pushpull`]); for
+    /// federations of up to a few hundred nodes.
+    #[default]
+    PushPull,
+    /// SWIM failure detection with updates piggybacked on probes (see [`crate::swim_mode`]).
+    Swim(SwimSettings),
+}
+
+/// Settings of [`Dissemination::Swim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwimSettings {
+    /// The failure detector's settings.
+    pub detector: SwimConfig,
+    /// Time between piggyback-only gossip rounds (sent only while there is news).
+    pub gossip_interval: Duration,
+    /// Peers sent each gossip round.
+    pub gossip_fanout: usize,
+    /// `lambda`: each update is sent `ceil(lambda · log2(n + 1))` times in a cluster of `n`.
+    pub retransmit_mult: u32,
+    /// Most updates each broadcast queue holds.
+    pub queue_capacity: usize,
+    /// Time between push-pull exchanges with one random peer.
+    pub anti_entropy_interval: Duration,
+}
+
+impl Default for SwimSettings {
+    /// The detector's defaults (1 s periods), gossip every 200 ms to 3 peers while there is news,
+    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 30 s.
+    fn default() -> SwimSettings {
+        SwimSettings {
+            detector: SwimConfig::default(),
+            gossip_interval: Duration::from_millis(200),
+            gossip_fanout: 3,
+            retransmit_mult: 4,
+            queue_capacity: 4096,
+            anti_entropy_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A record queued for piggybacking, with its encoding as a [`Piggyback::Record`].
+#[derive(Clone, Debug)]
+pub(crate) struct QueuedRecord {
+    record: SharedRecord,
+    encoded: Bytes,
+}
+
+impl Update for QueuedRecord {
+    fn key(&self) -> NodeId {
+        self.record.id
+    }
+
+    fn covers(&self, other: &Self) -> bool {
+        self.record.dominates(&other.record)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.encoded.len()
+    }
+}
+
+/// A suspicion queued for piggybacking.
+#[derive(Clone, Debug)]
+pub(crate) struct QueuedSuspicion {
+    id: NodeId,
+    generation: u64,
+    heartbeat: u64,
+    from: NodeId,
+    encoded: Bytes,
+}
+
+impl QueuedSuspicion {
+    fn new(id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> QueuedSuspicion {
+        let encoded = encode_piggyback(&Piggyback::Suspect { id, generation, heartbeat, from });
+        QueuedSuspicion { id, generation, heartbeat, from, encoded }
+    }
+}
+
+impl Update for QueuedSuspicion {
+    fn key(&self) -> NodeId {
+        self.id
+    }
+
+    /// A later generation or heartbeat covers an earlier one; at the same version only the same
+    /// suspecter does: suspicions from different suspecters replace each other, which is what
+    /// carries Lifeguard's independent confirmations.
+    fn covers(&self, other: &Self) -> bool {
+        (self.generation, self.heartbeat) > (other.generation, other.heartbeat)
+            || ((self.generation, self.heartbeat) == (other.generation, other.heartbeat) && self.from == other.from)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.encoded.len()
+    }
+}
+
+/// What a node in Swim mode holds beyond push-pull's state.
+#[derive(Clone, Debug)]
+pub(crate) struct SwimState {
+    settings: SwimSettings,
+    pub(crate) detector: Swim,
+    records: BroadcastQueue<QueuedRecord>,
+    suspicions: BroadcastQueue<QueuedSuspicion>,
+    /// Members suspected here right now.
+    suspects: BTreeSet<NodeId>,
+    /// When the suspects are next told of their suspicion directly.
+    next_notice: Time,
+}
+
+impl SwimState {
+    pub(crate) fn new(settings: SwimSettings, local: NodeId, rng_seed: u64, now: Time) -> SwimState {
+        let detector = Swim::new(local, settings.detector.clone(), rng_seed ^ 0x5157_494d, now);
+        let lambda = f64::from(settings.retransmit_mult);
+        SwimState {
+            records: BroadcastQueue::new(lambda, settings.queue_capacity),
+            suspicions: BroadcastQueue::new(lambda, settings.queue_capacity),
+            suspects: BTreeSet::new(),
+            next_notice: now,
+            detector,
+            settings,
+        }
+    }
+
+    /// Updates waiting to be piggybacked, records and suspicions.
+    pub(crate) fn queued(&self) -> (usize, usize) {
+        (self.records.len(), self.suspicions.len())
+    }
+}
+
+impl Node {
+    /// Arms Swim mode's timers and queues the node's first record.
+    pub(crate) fn swim_start(&mut self) {
+        let Some(st) = self.swim.as_ref() else { return };
+        let gossip = st.settings.gossip_interval;
+        let first_repair = st.settings.anti_entropy_interval.min(gossip.saturating_mul(10));
+        let jitter = self.jitter(gossip);
+        self.timers.set(Timer::Gossip, self.now + jitter);
+        let jitter = self.jitter(first_repair);
+        self.timers.set(Timer::AntiEntropy, self.now + jitter);
+        self.spread_local_change();
+        self.swim_drive();
+    }
+
+    /// Queues the local record after the owner changed it (Swim mode only).
+    pub(crate) fn spread_local_change(&mut self) {
+        let own = self.replica.local().clone();
+        self.queue_record(own);
+    }
+
+    fn queue_record(&mut self, record: SharedRecord) {
+        let Some(st) = self.swim.as_mut() else { return };
+        let Ok(body) = postcard::to_allocvec(&*record) else { return };
+        let mut encoded = Vec::with_capacity(1 + body.len());
+        encoded.push(0); // `Piggyback::Record`'s variant index
+        encoded.extend_from_slice(&body);
+        st.records.push(QueuedRecord { record, encoded: Bytes::from(encoded) });
+    }
+
+    /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it and
+    /// bring the detector's membership in line.
+    pub(crate) fn swim_record_changed(&mut self, id: NodeId, before: Option<u64>) {
+        let Some(slot) = self.replica.get(&id) else { return };
+        let record = slot.record().clone();
+        let probeable = self.reachable(&record);
+        let vouch = record.reach == Reachability::OutboundOnly && self.connected.binary_search(&id).is_ok();
+        self.queue_record(record.clone());
+        let (now, me) = (self.now, self.config.id);
+        let Some(st) = self.swim.as_mut() else { return };
+        if record.state >= Lifecycle::Down || before.is_some_and(|g| g != record.generation) {
+            st.detector.remove_member(id);
+            st.suspicions.remove(&id);
+            st.suspects.remove(&id);
+            if record.state >= Lifecycle::Down {
+                return;
+            }
+        }
+        if !st.detector.add_member(now, id, record.heartbeat, probeable)
+            && st.detector.on_alive_gossip(now, id, record.heartbeat) == Rumor::Spread
+        {
+            // The record at the higher heartbeat is the refutation; the suspicion is stale.
+            st.suspicions.remove(&id);
+        }
+        if vouch && !st.detector.is_suspect(&id) {
+            // Connected to it and not suspecting it (again): vouch for it.
+            st.detector.set_voucher(id, Some(me));
+        }
+    }
+
+    /// A heartbeat heard in a digest (anti-entropy): a refutation that bypassed the queues.
+    pub(crate) fn swim_heartbeat_heard(&mut self, id: NodeId, heartbeat: u64) {
+        let now = self.now;
+        if let Some(st) = self.swim.as_mut() {
+            if st.detector.on_alive_gossip(now, id, heartbeat) == Rumor::Spread {
+                st.suspicions.remove(&id);
+            }
+        }
+    }
+
+    /// A connection to `peer` came up or went away.
+    pub(crate) fn swim_connection(&mut self, peer: NodeId, up: bool) {
+        if self.swim.is_none() {
+            return;
+        }
+        let (now, me) = (self.now, self.config.id);
+        let record = self.replica.get(&peer).map(|s| s.record().clone());
+        if up {
+            // Joining (or rejoining) the registry: one push-pull exchange at once.
+            self.send_digest(peer, false);
+        }
+        let Some(record) = record.filter(|r| r.state < Lifecycle::Down) else { return };
+        let probeable = self.reachable(&record);
+        let outbound = record.reach == Reachability::OutboundOnly;
+        let Some(st) = self.swim.as_mut() else { return };
+        st.detector.set_probeable(peer, probeable);
+        if outbound {
+            if up {
+                st.detector.set_voucher(peer, Some(me));
+            } else {
+                // We vouched for it while connected: losing the connection is our evidence.
+                st.detector.suspect(now, peer);
+            }
+        }
+    }
+
+    /// Handles the SWIM messages; push-pull messages go to [`Node::handle_message`].
+    pub(crate) fn swim_message(&mut self, from: NodeId, msg: Message) {
+        let now = self.now;
+        let (probe, piggyback) = match msg {
+            Message::Ping { seq, piggyback } => (Some((0, seq, None)), piggyback),
+            Message::PingReq { target, seq, piggyback } => (Some((1, seq, Some(target))), piggyback),
+            Message::Ack { seq, piggyback } => (Some((2, seq, None)), piggyback),
+            Message::Nack { seq, piggyback } => (Some((3, seq, None)), piggyback),
+            Message::Gossip(piggyback) => (None, piggyback),
+            other => return self.handle_message(from, other),
+        };
+        let mut corrections: Vec<SharedRecord> = Vec::new();
+        for item in piggyback {
+            match item {
+                Piggyback::Record(r) => self.absorb(r),
+                Piggyback::Suspect { id, generation, heartbeat, from: suspecter } => {
+                    if let Some(newer) = self.on_suspicion(id, generation, heartbeat, suspecter) {
+                        corrections.push(newer);
+                    }
+                }
+            }
+        }
+        self.send_corrections(from, &corrections);
+        let Some(st) = self.swim.as_mut() else { return };
+        match probe {
+            Some((0, seq, _)) => st.detector.on_ping(now, from, seq),
+            Some((1, seq, Some(target))) => st.detector.on_ping_req(now, from, target, seq),
+            Some((2, seq, _)) => st.detector.on_ack(now, from, seq),
+            Some((3, seq, _)) => st.detector.on_nack(now, from, seq),
+            _ => {}
+        }
+    }
+
+    /// A piggybacked suspicion of `id` at `(generation, heartbeat)` raised by `from`. Returns the
+    /// record that answers it when the suspicion is stale here (we hold, or are, a later version):
+    /// the sender has missed a refutation, and telling it directly is cheaper than letting its
+    /// suspicion run out.
+    fn on_suspicion(&mut self, id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> Option<SharedRecord> {
+        self.swim.as_ref()?;
+        if id == self.config.id {
+            let own = self.replica.local().clone();
+            if own.state == Lifecycle::Left {
+                return None;
+            }
+            if generation > own.generation {
+                self.refute(generation);
+            } else if generation == own.generation && heartbeat >= own.heartbeat {
+                // Alive at a higher incarnation: the record at the new heartbeat refutes it.
+                self.stats.suspicions_refuted += 1;
+                self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
+                if let Some(st) = self.swim.as_mut() {
+                    st.detector.note_refuted();
+                }
+            }
+            return Some(self.replica.local().clone());
+        }
+        let held = self.replica.get(&id).map(|s| s.record().clone())?;
+        if (held.generation, held.heartbeat) > (generation, heartbeat) {
+            return Some(held);
+        }
+        let now = self.now;
+        let st = self.swim.as_mut()?;
+        if held.generation != generation {
+            return None; // a generation we do not hold yet: its record will tell more
+        }
+        if st.detector.on_suspect_gossip(now, id, heartbeat, from) == Rumor::Spread {
+            st.suspicions.push(QueuedSuspicion::new(id, generation, heartbeat, from));
+        }
+        None
+    }
+
+    /// Answers stale suspicions with the records that refute them, in one gossip datagram.
+    fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) {
+        if records.is_empty() {
+            return;
+        }
+        let mut b = ProbeBuilder::gossip(self.config.max_datagram);
+        for r in records {
+            b.push(&Piggyback::Record((**r).clone()));
+        }
+        if !b.is_empty() {
+            self.transmit(to, b.finish());
+        }
+    }
+
+    /// Swim mode's share of [`Node::handle_timeouts`]: returns false for timers it does not own.
+    pub(crate) fn swim_timer(&mut self, timer: Timer) -> bool {
+        let Some(st) = self.swim.as_mut() else { return false };
+        let now = self.now;
+        match timer {
+            Timer::Probe => st.detector.on_timeout(now),
+            Timer::Gossip => {
+                let interval = st.settings.gossip_interval;
+                let fanout = st.settings.gossip_fanout;
+                let notice = (now >= st.next_notice && !st.suspects.is_empty())
+                    .then(|| st.suspects.iter().take(MAX_NOTICES).copied().collect::<Vec<_>>());
+                if notice.is_some() {
+                    st.next_notice = now + NOTICE_INTERVAL;
+                }
+                if st.records.len() + st.suspicions.len() > 0 {
+                    for peer in self.pick_peers(fanout) {
+                        let b = ProbeBuilder::gossip(self.config.max_datagram);
+                        self.send_probe(peer, b, None, true);
+                    }
+                }
+                for id in notice.unwrap_or_default() {
+                    self.notify_suspect(id);
+                }
+                self.timers.set(Timer::Gossip, self.now + interval);
+            }
+            Timer::AntiEntropy => {
+                let interval = st.settings.anti_entropy_interval;
+                if let Some(peer) = self.pick_peers(1).pop() {
+                    self.send_digest(peer, false);
+                }
+                self.timers.set(Timer::AntiEntropy, self.now + interval);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Turns the detector's actions into datagrams and queued updates and its events into
+    /// registry changes, then re-arms its timer. Called after every input in Swim mode.
+    pub(crate) fn swim_drive(&mut self) {
+        if self.exited {
+            return;
+        }
+        let me = self.config.id;
+        let limit = self.config.max_datagram;
+        loop {
+            let Some(st) = self.swim.as_mut() else { return };
+            if let Some(action) = st.detector.poll_action() {
+                match action {
+                    Action::SendPing { to, seq } => {
+                        self.send_probe(to, ProbeBuilder::ping(limit, seq), Some(to), false)
+                    }
+                    Action::SendPingReq { via, target, seq } => {
+                        self.send_probe(via, ProbeBuilder::ping_req(limit, target, seq), None, false);
+                    }
+                    Action::SendAck { to, seq } => self.send_probe(to, ProbeBuilder::ack(limit, seq), None, false),
+                    Action::SendNack { to, seq } => self.send_probe(to, ProbeBuilder::nack(limit, seq), None, false),
+                    Action::GossipSuspect { id, incarnation } => {
+                        let generation = self.replica.get(&id).map(|s| s.record().generation);
+                        if let (Some(generation), Some(st)) = (generation, self.swim.as_mut()) {
+                            st.suspicions.push(QueuedSuspicion::new(id, generation, incarnation, me));
+                        }
+                    }
+                    // The node handles suspicions of itself in `on_suspicion`; the detector only
+                    // raises this if it was told about one.
+                    Action::GossipAlive { incarnation } => {
+                        self.update_local(|r| r.heartbeat = r.heartbeat.max(incarnation));
+                    }
+                }
+                continue;
+            }
+            if let Some(event) = st.detector.poll_event() {
+                match event {
+                    SwimEvent::Confirm(id) => {
+                        st.suspects.remove(&id);
+                        self.confirm_down(id);
+                    }
+                    SwimEvent::Suspect(id) => {
+                        st.suspects.insert(id);
+                        self.stats.suspicions_raised += 1;
+                        self.notify_suspect(id);
+                    }
+                    SwimEvent::Alive(id) => {
+                        st.suspects.remove(&id);
+                    }
+                }
+                continue;
+            }
+            let next = st.detector.next_deadline();
+            if next == Time::NEVER {
+                self.timers.stop(Timer::Probe);
+            } else {
+                self.timers.set(Timer::Probe, next);
+            }
+            return;
+        }
+    }
+
+    /// Tells `id` directly that this node suspects it, so that it can refute at once (Lifeguard's
+    /// buddy system, not waiting for the next probe of it).
+    fn notify_suspect(&mut self, id: NodeId) {
+        let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
+        let Some(heartbeat) = self.swim.as_ref().and_then(|st| st.detector.member_incarnation(&id)) else { return };
+        if !self.reachable(&record) {
+            return;
+        }
+        let mut b = ProbeBuilder::gossip(self.config.max_datagram);
+        b.push(&Piggyback::Suspect { id, generation: record.generation, heartbeat, from: self.config.id });
+        self.transmit(id, b.finish());
+    }
+
+    /// The detector confirmed `id` failed: mark its record DOWN in the same generation.
+    fn confirm_down(&mut self, id: NodeId) {
+        let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
+        if record.state >= Lifecycle::Down {
+            return;
+        }
+        self.stats.confirmed_down += 1;
+        let mut down = (*record).clone();
+        down.state = Lifecycle::Down;
+        self.absorb(down);
+    }
+
+    /// Sends one SWIM datagram: the header in `b`, then (for a ping to a suspect) the suspicion
+    /// of the target, then suspicions and records from the queues. A gossip datagram with
+    /// nothing in it is not sent.
+    fn send_probe(&mut self, to: NodeId, mut b: ProbeBuilder, buddy: Option<NodeId>, skip_empty: bool) {
+        let n = self.replica.len();
+        let Some(st) = self.swim.as_mut() else { return };
+        if let Some(target) = buddy {
+            // Lifeguard's buddy system: the suspect hears of the suspicion at once. Other running
+            // suspicions ride along too, so that a peer that holds the refutation answers it.
+            let others = st.suspects.iter().filter(|s| **s != target).take(SUSPICIONS_PER_PING);
+            let ids: Vec<NodeId> = st.suspects.get(&target).into_iter().chain(others).copied().collect();
+            for id in ids {
+                let generation = self.replica.get(&id).map(|s| s.record().generation);
+                let heartbeat = st.detector.member_incarnation(&id);
+                if let (Some(generation), Some(heartbeat)) = (generation, heartbeat) {
+                    b.push(&Piggyback::Suspect { id, generation, heartbeat, from: self.config.id });
+                }
+            }
+        }
+        st.suspicions.fill(b.budget(), n, |s| {
+            b.push_encoded(&s.encoded);
+        });
+        st.records.fill(b.budget(), n, |r| {
+            b.push_encoded(&r.encoded);
+        });
+        if skip_empty && b.is_empty() {
+            return;
+        }
+        self.transmit(to, b.finish());
+    }
+}

@@ -1,0 +1,206 @@
+//! The node in Swim mode: replicas converge under loss, a crashed node is confirmed DOWN
+//! everywhere, a falsely suspected node refutes, restarts and drains spread, and an idle
+//! federation costs little more than its probes.
+
+mod common;
+use common::*;
+use std::time::Duration;
+use tela_core::harness::Harness;
+use tela_core::wire::{encode_unbounded, Message, Piggyback};
+use tela_core::{Input, Lifecycle, Load, SwimConfig};
+
+fn swim_public(n: u64) -> tela_core::Config {
+    swim(public(n))
+}
+
+fn converge(n: u64, seed: u64, loss: f64) {
+    let mut h = Harness::new(seed);
+    h.set_loss(loss);
+    h.set_latency(Duration::from_millis(5));
+    for i in 1..=n {
+        h.add(swim_public(i));
+    }
+    for i in 2..=n {
+        h.connect(id(1), id(i));
+    }
+    for i in 2..=n {
+        serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
+    }
+    let started = h.now();
+    let ok = h.run_until(LONG, |h| {
+        views_agree(h)
+            && h.running().all(|x| {
+                let r = h.node(x).replica();
+                r.len() == n as usize && r.serving("llama").len() + r.serving("qwen").len() == n as usize - 1
+            })
+    });
+    assert!(ok, "{n} nodes in Swim mode at {loss} loss did not converge within {LONG:?} (seed {seed})");
+    eprintln!("{n} nodes, seed {seed}: converged in {:?}", h.now() - started);
+    // Nobody was taken for dead on the way.
+    for x in h.running() {
+        assert_eq!(h.node(x).stats().confirmed_down, 0, "node {x} confirmed a live node dead (seed {seed})");
+    }
+}
+
+#[test]
+fn three_nodes_converge_under_5_percent_loss() {
+    for seed in 0..5 {
+        converge(3, seed, 0.05);
+    }
+}
+
+#[test]
+fn ten_nodes_converge_under_5_percent_loss() {
+    for seed in 0..3 {
+        converge(10, seed, 0.05);
+    }
+}
+
+#[test]
+fn fifty_nodes_converge_under_5_percent_loss() {
+    converge(50, 11, 0.05);
+}
+
+#[test]
+fn a_crashed_node_is_confirmed_down_by_everyone_within_the_bound() {
+    const N: u64 = 10;
+    let detector = SwimConfig::default();
+    // One pass of probes for a first prober to reach it, the longest suspicion, and a few periods
+    // for DOWN to spread.
+    let (_, longest) = detector.suspicion_bounds(N as usize);
+    let bound = detector.protocol_period * (N as u32 - 1) + longest + detector.protocol_period * 10;
+    for seed in [1u64, 2, 3] {
+        let mut h = federation_of(N, seed, swim_public);
+        let victim = id(2 + seed % (N - 1));
+        let g = h.node(victim).local_record().generation;
+        h.kill(victim);
+        let killed_at = h.now();
+        let down = |h: &Harness| agreed_state(h, victim) == Some((g, Lifecycle::Down));
+        assert!(h.run_until(bound, down), "seed {seed}: {victim} not DOWN everywhere within {bound:?}");
+        let took = h.now() - killed_at;
+        eprintln!("seed {seed}: {victim} confirmed DOWN by all {} others in {took:?} (bound {bound:?})", N - 1);
+        assert!(h.running().all(|x| !h.node(x).replica().serving("m").contains(&victim)));
+        // Only the victim was confirmed dead.
+        assert!(h.running().all(|x| h.node(x).stats().new_generations == 0), "seed {seed}: a live node was confirmed");
+    }
+}
+
+#[test]
+fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
+    let mut h = federation_of(12, 6, swim_public);
+    let victim = id(3);
+    let own = h.node(victim).local_record().clone();
+    // Node 8 claims that node 3 is suspect at its current heartbeat.
+    let rumor = Piggyback::Suspect { id: victim, generation: own.generation, heartbeat: own.heartbeat, from: id(8) };
+    let payload = encode_unbounded(&Message::Gossip(vec![rumor]));
+    for x in [id(1), id(2), victim] {
+        h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
+    }
+    assert!(h.node(id(1)).swim().is_some_and(|s| s.is_suspect(&victim)));
+    assert_eq!(h.node(victim).stats().suspicions_refuted, 1);
+    assert!(h.node(victim).local_record().heartbeat > own.heartbeat);
+    // The refutation lifts the suspicion, and a long lossy run confirms nobody.
+    assert!(h.run_until(Duration::from_secs(10), |h| h
+        .running()
+        .all(|x| !h.node(x).swim().is_some_and(|s| s.is_suspect(&victim)))));
+    h.run_for(Duration::from_secs(600));
+    for x in h.running() {
+        let s = h.node(x).stats();
+        assert_eq!((s.confirmed_down, s.new_generations), (0, 0), "node {x}: {s:?}");
+        assert_eq!(h.node(x).replica().serving("m").len(), 11, "node {x} lost a serving node");
+    }
+    assert_eq!(agreed_state(&h, victim), Some((own.generation, Lifecycle::Serve)));
+    let raised: u64 = h.running().map(|x| h.node(x).stats().suspicions_raised).sum();
+    let refuted: u64 = h.running().map(|x| h.node(x).stats().suspicions_refuted).sum();
+    eprintln!("600 s at 5% loss: {raised} suspicions raised, {refuted} refuted, none confirmed");
+}
+
+#[test]
+fn restarted_node_replaces_its_old_record_everywhere() {
+    let mut h = federation_of(10, 5, swim_public);
+    let r = id(6);
+    let old = h.node(r).local_record().generation;
+    h.kill(r);
+    let mut c = swim_public(6);
+    c.generation = old + 1;
+    h.add(c);
+    h.connect(id(1), r);
+    serve(&mut h, 6, &["other"]);
+    assert!(h.run_until(LONG, |h| agreed_state(h, r) == Some((old + 1, Lifecycle::Serve))));
+    assert!(h.run_until(LONG, views_agree));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [r])));
+    for x in h.running() {
+        assert!(!h.node(x).replica().serving("m").contains(&r), "node {x} still routes m to the old incarnation");
+    }
+    // The new process is probed as the new generation, and nobody confirms it dead.
+    h.run_for(Duration::from_secs(60));
+    assert_eq!(agreed_state(&h, r), Some((old + 1, Lifecycle::Serve)));
+}
+
+#[test]
+fn drained_node_is_seen_down_then_left_by_everyone() {
+    let mut h = federation_of(12, 1, swim_public);
+    let d = id(7);
+    h.input(d, Input::Load(Load { in_flight: 3, queued: 0 }));
+    h.input(d, Input::DrainRequested);
+    assert!(h.run_until(Duration::from_secs(10), |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Down)));
+    assert!(h.running().filter(|x| *x != d).all(|x| !h.node(x).replica().serving("m").contains(&d)));
+    h.input(d, Input::Load(Load::default()));
+    assert_eq!(h.node(d).local_record().state, Lifecycle::Left);
+    assert!(h.run_until(Duration::from_secs(5), |h| h.node(d).has_exited()));
+    assert!(
+        h.run_until(Duration::from_secs(10), |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Left)),
+        "LEFT did not reach everyone"
+    );
+}
+
+#[test]
+fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
+    let mut h = Harness::new(5);
+    h.set_loss(0.05);
+    h.add(swim(gateway(1)));
+    h.add(swim(gateway(2)));
+    h.connect(id(1), id(2));
+    for i in 3..=20 {
+        h.add(swim(outbound(i)));
+        h.connect(id(1), id(i));
+        h.connect(id(2), id(i));
+        serve(&mut h, i, &["m"]);
+    }
+    let all =
+        |h: &Harness| views_agree(h) && [id(1), id(2)].iter().all(|g| h.node(*g).replica().serving("m").len() == 18);
+    assert!(h.run_until(LONG, all), "views differ");
+    // Node 9's job dies: both gateways see its connections drop.
+    let victim = id(9);
+    let g = h.node(victim).local_record().generation;
+    h.kill(victim);
+    h.input(id(1), Input::PeerDisconnected(victim));
+    h.input(id(2), Input::PeerDisconnected(victim));
+    let down = |h: &Harness| agreed_state(h, victim) == Some((g, Lifecycle::Down));
+    assert!(h.run_until(LONG, down), "the lost outbound-only node was not marked DOWN everywhere");
+    // A connection still held keeps it from being suspected: the rest stay up.
+    h.run_for(Duration::from_secs(120));
+    for x in h.running() {
+        assert_eq!(h.node(x).stats().new_generations, 0, "node {x} was confirmed dead while connected");
+    }
+}
+
+#[test]
+fn an_idle_federation_costs_only_its_probes() {
+    const N: u64 = 20;
+    let mut h = federation_of(N, 8, swim_public);
+    // Let the start-up news run out of transmissions.
+    h.run_for(Duration::from_secs(30));
+    let before: Vec<u64> = h.running().map(|x| h.node(x).stats().bytes_out).collect();
+    let window = Duration::from_secs(120);
+    h.run_for(window);
+    let after: Vec<u64> = h.running().map(|x| h.node(x).stats().bytes_out).collect();
+    let worst = before.iter().zip(&after).map(|(b, a)| a - b).max().unwrap_or(0) as f64 / window.as_secs_f64();
+    let mean = before.iter().zip(&after).map(|(b, a)| a - b).sum::<u64>() as f64 / N as f64 / window.as_secs_f64();
+    eprintln!("idle Swim mode, {N} nodes at 5% loss: {mean:.0} B/s per node on average, {worst:.0} B/s at most");
+    assert!(worst <= 2048.0, "idle cost {worst:.0} B/s exceeds the 2 KB/s target");
+    for x in h.running() {
+        let (records, suspicions) = h.node(x).swim_queued().unwrap_or_default();
+        assert!(records + suspicions <= 2, "node {x} still has {records} records and {suspicions} suspicions queued");
+    }
+}
