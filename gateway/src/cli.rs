@@ -154,15 +154,20 @@ impl GatewayCommand {
     /// Notes which arguments of `matches` (the `gateway` subcommand's) were given explicitly,
     /// on the command line or in the environment: those win over the configuration file.
     pub fn note_explicit(&mut self, matches: &clap::ArgMatches) {
-        use clap::parser::ValueSource;
-        self.run.explicit = matches
-            .ids()
-            .filter(|id| {
-                matches!(matches.value_source(id.as_str()), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
-            })
-            .map(|id| id.as_str().to_string())
-            .collect();
+        self.run.explicit = explicit_args(matches);
     }
+}
+
+/// The ids of the arguments in `matches` given on the command line or in the environment.
+pub fn explicit_args(matches: &clap::ArgMatches) -> Vec<String> {
+    use clap::parser::ValueSource;
+    matches
+        .ids()
+        .filter(|id| {
+            matches!(matches.value_source(id.as_str()), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+        })
+        .map(|id| id.as_str().to_string())
+        .collect()
 }
 
 impl GatewayArgs {
@@ -224,8 +229,11 @@ impl GatewayArgs {
             body_timeout: dur("body_timeout", self.body_timeout, file.body_timeout),
             max_concurrent,
         };
-        config.proxy =
-            ProxySettings { max_attempts, accept_timeout: self.node_accept_timeout, ..ProxySettings::default() };
+        config.proxy = ProxySettings {
+            max_attempts,
+            accept_timeout: dur("node_accept_timeout", self.node_accept_timeout, file.node_accept_timeout),
+            ..ProxySettings::default()
+        };
         config.node_idle_timeout = dur("node_idle_timeout", self.node_idle_timeout, file.node_idle_timeout);
         config.shutdown_grace = dur("shutdown_grace", self.shutdown_grace, file.shutdown_grace);
         if let Some(plan) = loaded.and_then(|l| l.spin) {
@@ -307,5 +315,45 @@ impl StatusCommand {
             print!("{}", crate::status::format_table(&status));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GatewayArgs,
+    }
+
+    #[test]
+    fn the_file_sets_what_no_flag_gives_and_explicit_flags_win() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a federation secret\n").expect("secret");
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "listen = \"127.0.0.1:9001\"\nanchor_listen = \"127.0.0.1:9101\"\nmax_attempts = 5\nno_auth = true\n\
+                 header_timeout = \"3s\"\njoin_secret_file = \"{}\"\nidentity = \"{}\"\n",
+                secret.display(),
+                dir.path().join("gw.key").display()
+            ),
+        )
+        .expect("config");
+        let path = file.to_str().expect("utf-8");
+        let matches = Cli::command().get_matches_from(["tela", "--config", path, "--listen", "127.0.0.1:9002"]);
+        let mut cli = Cli::from_arg_matches(&matches).expect("parses");
+        cli.args.explicit = explicit_args(&matches);
+        let config = cli.args.config().expect("valid");
+        assert_eq!(config.listen, "127.0.0.1:9002".parse().expect("addr"), "the flag wins");
+        assert_eq!(config.anchor_listen, "127.0.0.1:9101".parse().expect("addr"), "the file fills in");
+        assert_eq!((config.proxy.max_attempts, config.limits.header_timeout), (5, Duration::from_secs(3)));
+        assert!(matches!(config.auth, AuthConfig::Open));
+        assert!(config.spin.is_none());
     }
 }

@@ -51,6 +51,8 @@ pub struct FileConfig {
     pub max_concurrent: Option<usize>,
     /// `--max-attempts`.
     pub max_attempts: Option<usize>,
+    /// `--node-accept-timeout`.
+    pub node_accept_timeout: Option<Dur>,
     /// `--node-idle-timeout`.
     pub node_idle_timeout: Option<Dur>,
     /// `--shutdown-grace`.
