@@ -9,6 +9,14 @@
 //! (start-up time, token rate) and clients whose requests simulated gateways route with the
 //! core's own routing decision.
 //!
+//! Scenarios with a `[spin]` section also drive the core's spin controller
+//! ([`tela_core::Spinner`]): a simulated gateway measures demand per model, requests with no
+//! replica wait in core cold-start queues, and the spinner's submit, cancel and drain commands
+//! become simulated Slurm jobs on partitions of different GPUs (queue waits, walltimes and their
+//! drains, preemptions). The report then adds the in-flight completion of drains, cold-start
+//! waits, GPU-hours against an oracle that knows the demand in advance, and flaps
+//! ([`report_spin`] defines each).
+//!
 //! While running it checks invariants (lattice monotonicity of watched records at every
 //! replica, own records only moving forward, no oversized datagram, no request routed to a node
 //! its gateway believes non-SERVE, no datagram from a correct peer rejected), then, after the
@@ -31,9 +39,11 @@
 
 pub mod plot;
 pub mod report;
+pub mod report_spin;
 pub mod rng;
 pub mod scenario;
 mod sim;
+mod spin;
 mod track;
 mod world;
 

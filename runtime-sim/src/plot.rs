@@ -1,17 +1,117 @@
-//! SVG plots of a run: the convergence curve against Serf's estimate, and bandwidth over time.
+//! SVG plots of a run: the convergence curve against Serf's estimate, bandwidth over time, and
+//! for spinning scenarios replicas against demand over the run.
 
 use crate::report::{serf_fraction, Report};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-/// Writes `<dir>/<scenario>-convergence.svg` and `<dir>/<scenario>-bandwidth.svg`; returns the paths.
+/// Writes `<dir>/<scenario>-convergence.svg`, `<dir>/<scenario>-bandwidth.svg` and, for spinning
+/// scenarios, `<dir>/<scenario>-spinning.svg`; returns the paths.
 pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let conv = dir.join(format!("{}-convergence.svg", report.scenario));
     let bw = dir.join(format!("{}-bandwidth.svg", report.scenario));
     convergence(report, &conv).map_err(|e| format!("{}: {e}", conv.display()))?;
     bandwidth(report, &bw).map_err(|e| format!("{}: {e}", bw.display()))?;
-    Ok(vec![conv, bw])
+    let mut out = vec![conv, bw];
+    if let Some(spin) = &report.spin {
+        let path = dir.join(format!("{}-spinning.svg", report.scenario));
+        spinning(report, spin, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// Top: GPUs held by the spinner's jobs against the oracle's. Below, one panel per model: replicas
+/// serving, the oracle's replicas, and the requests queued or in flight (right axis).
+fn spinning(
+    report: &Report,
+    spin: &crate::report_spin::SpinReport,
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let hours = |i: usize| (i as f64 + 1.0) / 60.0;
+    let n = spin.models.len();
+    let root = SVGBackend::new(path, (1000, 260 + 200 * n as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, rest) = root.split_vertically(260);
+    let max_x = (spin.timeline.len() as f64 / 60.0).max(1.0);
+    let held: Vec<(f64, f64)> = spin.timeline.iter().enumerate().map(|(i, m)| (hours(i), f64::from(m.gpus))).collect();
+    let oracle: Vec<(f64, f64)> = (0..spin.timeline.len())
+        .map(|i| {
+            let gpus: u32 = (0..n)
+                .map(|m| spin.oracle_replicas[m].get(i).copied().unwrap_or(0) * spin.models[m].gpus_per_replica)
+                .sum();
+            (hours(i), f64::from(gpus))
+        })
+        .collect();
+    let max_y = held.iter().chain(&oracle).map(|p| p.1).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&top)
+        .caption(
+            format!(
+                "{}, seed {} — GPUs held: {:.0} GPU-h used vs {:.0} oracle (×{:.2})",
+                report.scenario, report.seed, spin.gpu_hours.used, spin.gpu_hours.oracle, spin.gpu_hours.ratio
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
+    chart.configure_mesh().x_desc("hour").y_desc("GPUs").draw()?;
+    chart
+        .draw_series(LineSeries::new(held, BLUE.stroke_width(2)))?
+        .label("held by spinner jobs (queue → walltime)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(oracle, RED.stroke_width(1)))?
+        .label("oracle (demand known in advance, instant starts)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    for (m, area) in rest.split_evenly((n.max(1), 1)).iter().enumerate().take(n) {
+        let model = &spin.models[m];
+        let serving: Vec<(f64, f64)> =
+            spin.timeline.iter().enumerate().map(|(i, t)| (hours(i), f64::from(t.serving[m]))).collect();
+        let wanted: Vec<(f64, f64)> = spin.oracle_replicas[m]
+            .iter()
+            .take(spin.timeline.len())
+            .enumerate()
+            .map(|(i, r)| (hours(i), f64::from(*r)))
+            .collect();
+        let demand: Vec<(f64, f64)> =
+            spin.timeline.iter().enumerate().map(|(i, t)| (hours(i), f64::from(t.demand[m]))).collect();
+        let max_r = serving.iter().chain(&wanted).map(|p| p.1).fold(1.0, f64::max) + 1.0;
+        let max_d = demand.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{} ({} GPU(s) per replica)", model.name, model.gpus_per_replica), ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(25)
+            .y_label_area_size(50)
+            .right_y_label_area_size(50)
+            .build_cartesian_2d(0.0..max_x, 0.0..max_r)?
+            .set_secondary_coord(0.0..max_x, 0.0..max_d);
+        chart.configure_mesh().y_desc("replicas").draw()?;
+        chart.configure_secondary_axes().y_desc("requests").draw()?;
+        chart
+            .draw_secondary_series(LineSeries::new(demand, GREEN.mix(0.6).stroke_width(1)))?
+            .label("requests queued or in flight (right)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+        chart
+            .draw_series(LineSeries::new(serving, BLUE.stroke_width(2)))?
+            .label("replicas serving")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+        chart
+            .draw_series(LineSeries::new(wanted, RED.stroke_width(1)))?
+            .label("oracle replicas")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
 }
 
 /// The mean fraction of target nodes holding a change, sampled every 50 ms after the change.

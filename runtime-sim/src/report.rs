@@ -71,17 +71,65 @@ pub struct Requests {
     pub no_capacity: u64,
     /// Failed after the first byte because the node died.
     pub mid_stream: u64,
+    /// Still in flight or waiting for a replica when the run ended.
+    pub unfinished: u64,
 }
 
-/// Drains.
+/// Drains and the requests they caught: the in-flight completion.
 #[derive(Clone, Debug, Serialize)]
 pub struct Drain {
-    /// Drains started by a walltime or a preemption.
+    /// Drains started by a walltime, a preemption or the spinner.
     pub drains: u64,
     /// Requests in flight when those drains started.
     pub in_flight: u64,
     /// Of those, completed.
     pub completed: u64,
+    /// Of those, failed (their node was killed, or their gateway died, before they ended).
+    pub failed: u64,
+    /// Of those, still streaming when the run ended.
+    pub unfinished: u64,
+    /// In-flight completion: completed ÷ (completed + failed), in percent (100 with none).
+    pub completion_percent: f64,
+    /// Drains at the walltime's drain signal.
+    pub walltime: DrainPart,
+    /// Drains at Slurm's preemption signal.
+    pub preemption: DrainPart,
+    /// Drains the spinner asked for (replicas released).
+    pub release: DrainPart,
+}
+
+/// Drains of one cause.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainPart {
+    /// Drains.
+    pub drains: u64,
+    /// Requests in flight when they started.
+    pub in_flight: u64,
+    /// Of those, completed.
+    pub completed: u64,
+    /// Of those, failed.
+    pub failed: u64,
+}
+
+impl DrainPart {
+    fn of(c: &crate::track::DrainCount) -> DrainPart {
+        DrainPart { drains: c.drains, in_flight: c.in_flight, completed: c.completed, failed: c.failed }
+    }
+}
+
+/// Batch-job ends and preemptions.
+#[derive(Clone, Debug, Serialize)]
+pub struct Jobs {
+    /// Preemptions the scenario schedules (static nodes and spinner jobs).
+    pub preemptions_scheduled: u64,
+    /// Preemption signals delivered (drain now, kill after the grace period).
+    pub preemptions: u64,
+    /// Jobs killed at the end of a preemption's grace period (not drained by then).
+    pub preempt_kills: u64,
+    /// Jobs killed at their walltime (not drained by then).
+    pub walltime_kills: u64,
+    /// Nodes that exited by themselves after draining.
+    pub clean_exits: u64,
 }
 
 /// Liveness phase after the faults stop.
@@ -130,8 +178,13 @@ pub struct Report {
     pub detection: Detection,
     /// Client requests.
     pub requests: Requests,
-    /// Drains.
+    /// Drains and the in-flight completion.
     pub drain: Drain,
+    /// Batch-job ends and preemptions.
+    pub jobs: Jobs,
+    /// Model spinning, for scenarios that spin.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spin: Option<crate::report_spin::SpinReport>,
     /// Liveness phase.
     pub liveness: Liveness,
     /// The effective network faults (after swarm draws).
@@ -154,6 +207,28 @@ pub struct Report {
     /// Gossip interval in ms (for the Serf reference line).
     #[serde(skip)]
     pub gossip_interval_ms: u64,
+}
+
+impl Drain {
+    /// One line on the in-flight completion.
+    pub fn line(&self) -> String {
+        format!(
+            "drains {}: {} requests in flight, {} completed, {} failed, {} unfinished: in-flight completion {:.2}% \
+             (walltime {}/{}, preemption {}/{}, spinner release {}/{})",
+            self.drains,
+            self.in_flight,
+            self.completed,
+            self.failed,
+            self.unfinished,
+            self.completion_percent,
+            self.walltime.completed,
+            self.walltime.in_flight,
+            self.preemption.completed,
+            self.preemption.in_flight,
+            self.release.completed,
+            self.release.in_flight,
+        )
+    }
 }
 
 /// Serf's convergence estimate: the fraction of `n` nodes reached after `rounds` rounds of
@@ -198,6 +273,17 @@ impl Report {
         let serf_ms =
             serf_rounds(nodes as f64, f64::from(p.fanout), sim.sc.network.loss, 0.9999) * p.gossip_interval_ms as f64;
         let false_down = sim.hosts.iter().filter_map(|h| h.node.as_ref()).map(|n| n.stats().refutations).sum();
+        let in_flight_end = t.requests.iter().filter(|r| !r.is_done()).count() as u64;
+        let unfinished = in_flight_end + sim.spin_waiting();
+        let mut violation = sim.violation.clone();
+        if violation.is_none() && sim.aborted.is_none() && t.completed + t.failed + unfinished != t.sent {
+            violation = Some(format!(
+                "request accounting: {} sent but {} completed + {} failed + {} unfinished",
+                t.sent, t.completed, t.failed, unfinished
+            ));
+        }
+        let drain_unfinished = t.drain_in_flight.saturating_sub(t.drain_completed + t.drain_failed);
+        let answered = t.drain_completed + t.drain_failed;
         Report {
             scenario: sim.sc.name.clone(),
             nodes,
@@ -232,15 +318,38 @@ impl Report {
                 retries: t.retries,
                 no_capacity: t.no_capacity,
                 mid_stream: t.mid_stream,
+                unfinished,
             },
-            drain: Drain { drains: t.drains, in_flight: t.drain_in_flight, completed: t.drain_completed },
+            drain: Drain {
+                drains: t.drains,
+                in_flight: t.drain_in_flight,
+                completed: t.drain_completed,
+                failed: t.drain_failed,
+                unfinished: drain_unfinished,
+                completion_percent: if answered == 0 {
+                    100.0
+                } else {
+                    100.0 * t.drain_completed as f64 / answered as f64
+                },
+                walltime: DrainPart::of(&t.drain_by_cause[0]),
+                preemption: DrainPart::of(&t.drain_by_cause[1]),
+                release: DrainPart::of(&t.drain_by_cause[2]),
+            },
+            jobs: Jobs {
+                preemptions_scheduled: t.preemptions_scheduled,
+                preemptions: t.preemptions,
+                preempt_kills: t.preempt_kills,
+                walltime_kills: t.walltime_kills,
+                clean_exits: t.clean_exits,
+            },
+            spin: sim.spin.as_ref().map(|s| crate::report_spin::SpinReport::build(sim, s)),
             liveness: Liveness {
                 bound_s: sim.sc.liveness_bound_s,
                 converged_after_ms: t.liveness_converged.map(|m| m as f64 / 1e3),
             },
             network: sim.sc.network.clone(),
             partitions: sim.partitions.len(),
-            violation: sim.violation.clone(),
+            violation,
             aborted: sim.aborted.clone(),
             per_second_bytes: t.per_second.clone(),
             curves: t.curves.clone(),
@@ -264,7 +373,10 @@ impl Report {
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s); max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
-             requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries; drains {drains}: {din} in flight, {dcomp} completed\n\
+             requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
+             {drain}\n\
+             jobs: {pre} preemptions ({pre_s} scheduled), {pkill} killed after the grace period, {wkill} killed at the walltime, {exits} clean exits\n\
+             {spin}\
              liveness: {live}\n\
              {verdict}",
             scenario = self.scenario,
@@ -302,9 +414,14 @@ impl Report {
             nocap = r.no_capacity,
             mid = r.mid_stream,
             retries = r.retries,
-            drains = self.drain.drains,
-            din = self.drain.in_flight,
-            dcomp = self.drain.completed,
+            unf = r.unfinished,
+            drain = self.drain.line(),
+            pre = self.jobs.preemptions,
+            pre_s = self.jobs.preemptions_scheduled,
+            pkill = self.jobs.preempt_kills,
+            wkill = self.jobs.walltime_kills,
+            exits = self.jobs.clean_exits,
+            spin = self.spin.as_ref().map_or(String::new(), |s| format!("{}\n", s.summary())),
             live = match self.liveness.converged_after_ms {
                 Some(ms) => format!("all live replicas equal {:.0} ms after faults stopped (bound {} s)", ms, self.liveness.bound_s),
                 None => format!("live replicas NOT equal within the run (bound {} s)", self.liveness.bound_s),

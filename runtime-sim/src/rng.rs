@@ -19,6 +19,8 @@ pub enum Stream {
     World = 4,
     /// Swarm mode's draw of the fault mix.
     Swarm = 5,
+    /// Model spinning: batch queue waits and preemptions of the spinner's jobs.
+    Spin = 6,
 }
 
 const NODE_BASE: u64 = 1 << 32;

@@ -37,6 +37,9 @@ pub struct Scenario {
     pub workload: Workload,
     /// Ranges from which swarm mode draws each seed's fault mix.
     pub swarm: Swarm,
+    /// Model spinning: Slurm partitions, spinnable models and their demand over the day. Off when
+    /// it names no model.
+    pub spin: Spin,
 }
 
 /// Nodes and what they serve.
@@ -177,6 +180,201 @@ pub struct Swarm {
     pub preemptions: [u32; 2],
 }
 
+/// Model spinning: the core's spin controller drives simulated Slurm jobs.
+///
+/// A simulated gateway measures demand per model, lists the spinner's jobs and the free nodes of
+/// each partition, calls the spinner every `decide_every_s` and executes its commands: a submit
+/// waits in the partition's queue, starts a serving node that joins, loads the engine and serves
+/// until the spinner drains it, a preemption ends it, or its walltime does (drain signal
+/// `protocol.drain_window_s` before). Requests for a model with no replica wait in the gateway's
+/// cold-start queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Spin {
+    /// Seconds between two periodic decisions (a request that finds no replica also triggers one).
+    pub decide_every_s: f64,
+    /// How long a request waits in the cold-start queue before it is answered with an error.
+    pub cold_start_timeout_s: f64,
+    /// Requests one gateway's cold-start queue holds per model; beyond, 503 at once.
+    pub cold_start_capacity: u32,
+    /// Most live spinner jobs at once (queued, running or draining).
+    pub max_concurrent_jobs: u32,
+    /// GPU-hour budget per `budget_window_h` (0: no budget).
+    pub budget_gpu_hours: u64,
+    /// The budget's sliding window, in hours.
+    pub budget_window_h: f64,
+    /// Preemptions of running spinner jobs, at uniform times before `faults_until_s`; each drains
+    /// at once and is killed `jobs.preempt_grace_s` later.
+    pub preemptions: u32,
+    /// Slurm partitions the spinner may submit to.
+    pub partition: Vec<SpinPartition>,
+    /// Spinnable models, their policy and their demand.
+    pub model: Vec<SpinModel>,
+    /// Bursts of extra demand on top of the models' daily curves.
+    pub burst: Vec<Burst>,
+}
+
+/// One Slurm partition: identical nodes on one fabric.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpinPartition {
+    /// The partition's name (the shape's name in placement).
+    pub name: String,
+    /// Hardware profile of each node (`gh200x4`, `a100-80x4`, `l40s`, ...).
+    pub hardware: String,
+    /// Nodes the spinner may use at once.
+    pub nodes: u32,
+    /// Fabric id of the nodes (0: unknown links, no pipelines across nodes).
+    pub fabric: u32,
+    /// Queue wait of a job in this partition, uniform range in seconds.
+    pub queue_wait_s: [f64; 2],
+}
+
+/// A spinnable model: placement facts, spin policy and daily demand.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpinModel {
+    /// The name clients put in `model`.
+    pub name: String,
+    /// Parameters in billions.
+    pub params_b: f64,
+    /// Native weight format: `bf16`, `fp16`, `fp8`, `int8`, `int4`, `awq`, `gptq`.
+    pub quant: String,
+    /// KV-cache headroom in GiB.
+    pub kv_gib: u64,
+    /// Quantized fallbacks offered, most preferred first (formats as in `quant`).
+    pub quantized: Vec<String>,
+    /// Job walltime in hours.
+    pub walltime_h: f64,
+    /// Replicas kept even without demand.
+    pub min_replicas: u32,
+    /// Most replicas at once.
+    pub max_replicas: u32,
+    /// Requests (queued + in flight) one replica carries.
+    pub concurrency_per_replica: u32,
+    /// Arrivals per minute one replica absorbs (0: arrivals do not drive scaling).
+    pub arrivals_per_replica: u32,
+    /// p95 time to first byte above which one more replica is wanted (0: none).
+    pub latency_target_ms: u64,
+    /// No scale-up for this long after a scaling action (unless the model has no replica).
+    pub cooldown_s: f64,
+    /// Demand must stay low this long before replicas are released.
+    pub scale_down_after_s: f64,
+    /// The hysteresis band, in percent of the scale-up thresholds.
+    pub scale_down_percent: u32,
+    /// Engine start-up (weights loading) time, uniform range in seconds.
+    pub engine_startup_s: [f64; 2],
+    /// Arrivals per second at the daily low, inside the active hours.
+    pub base_per_s: f64,
+    /// Arrivals per second at the daily peak.
+    pub peak_per_s: f64,
+    /// Hour of the day of the peak.
+    pub peak_hour: f64,
+    /// Hours of the day `[from, to)` with demand; outside, the model is idle.
+    pub active_hours: [f64; 2],
+    /// Tokens per response, uniform range.
+    pub tokens: [u32; 2],
+}
+
+/// Extra demand for one model during a stretch of the day.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Burst {
+    /// The model.
+    pub model: String,
+    /// Start, in hours from the beginning of the run.
+    pub start_h: f64,
+    /// Length in minutes.
+    pub minutes: f64,
+    /// Arrivals per second added.
+    pub rate_per_s: f64,
+}
+
+impl Default for Spin {
+    fn default() -> Self {
+        Spin {
+            decide_every_s: 10.0,
+            cold_start_timeout_s: 600.0,
+            cold_start_capacity: 5_000,
+            max_concurrent_jobs: 16,
+            budget_gpu_hours: 0,
+            budget_window_h: 24.0,
+            preemptions: 0,
+            partition: Vec::new(),
+            model: Vec::new(),
+            burst: Vec::new(),
+        }
+    }
+}
+
+impl Default for SpinPartition {
+    fn default() -> Self {
+        SpinPartition {
+            name: "gpu".into(),
+            hardware: "a100-80x4".into(),
+            nodes: 4,
+            fabric: 1,
+            queue_wait_s: [30.0, 300.0],
+        }
+    }
+}
+
+impl Default for SpinModel {
+    fn default() -> Self {
+        SpinModel {
+            name: "llama-3.1-8b".into(),
+            params_b: 8.0,
+            quant: "bf16".into(),
+            kv_gib: 4,
+            quantized: Vec::new(),
+            walltime_h: 4.0,
+            min_replicas: 0,
+            max_replicas: 4,
+            concurrency_per_replica: 16,
+            arrivals_per_replica: 0,
+            latency_target_ms: 0,
+            cooldown_s: 120.0,
+            scale_down_after_s: 900.0,
+            scale_down_percent: 50,
+            engine_startup_s: [60.0, 180.0],
+            base_per_s: 0.1,
+            peak_per_s: 1.0,
+            peak_hour: 14.0,
+            active_hours: [0.0, 24.0],
+            tokens: [64, 1024],
+        }
+    }
+}
+
+impl Default for Burst {
+    fn default() -> Self {
+        Burst { model: String::new(), start_h: 0.0, minutes: 10.0, rate_per_s: 1.0 }
+    }
+}
+
+impl Spin {
+    /// Whether spinning is on.
+    pub fn enabled(&self) -> bool {
+        !self.model.is_empty()
+    }
+}
+
+/// The weight format named `label` (`bf16`, `awq`, ...).
+pub fn quantization(label: &str) -> Option<tela_core::Quantization> {
+    use tela_core::Quantization as Q;
+    Some(match label.to_ascii_lowercase().as_str() {
+        "fp32" => Q::Fp32,
+        "bf16" => Q::Bf16,
+        "fp16" => Q::Fp16,
+        "fp8" => Q::Fp8,
+        "int8" => Q::Int8,
+        "int4" => Q::Int4,
+        "awq" => Q::Awq,
+        "gptq" => Q::Gptq,
+        _ => return None,
+    })
+}
+
 impl Default for Scenario {
     fn default() -> Self {
         Scenario {
@@ -193,6 +391,7 @@ impl Default for Scenario {
             jobs: Jobs::default(),
             workload: Workload::default(),
             swarm: Swarm::default(),
+            spin: Spin::default(),
         }
     }
 }
@@ -422,6 +621,63 @@ impl Scenario {
         if self.workload.max_attempts == 0 {
             return bad("workload.max_attempts must be at least 1".into());
         }
+        self.validate_spin()
+    }
+
+    fn validate_spin(&self) -> Result<(), ScenarioError> {
+        let bad = |reason: String| Err(ScenarioError::Invalid { name: self.name.clone(), reason });
+        let s = &self.spin;
+        if !s.enabled() {
+            return Ok(());
+        }
+        if s.partition.is_empty() {
+            return bad("spin: at least one [[spin.partition]] is needed to place the models".into());
+        }
+        if s.decide_every_s <= 0.0 || s.cold_start_timeout_s <= 0.0 || s.budget_window_h <= 0.0 {
+            return bad("spin: decide_every_s, cold_start_timeout_s and budget_window_h must be above zero".into());
+        }
+        for p in &s.partition {
+            if let Err(e) = tela_core::Hardware::from_profile(&p.hardware) {
+                return bad(format!("spin.partition '{}': {e}", p.name));
+            }
+            if p.queue_wait_s[0] > p.queue_wait_s[1] || p.queue_wait_s[0] < 0.0 {
+                return bad(format!(
+                    "spin.partition '{}': queue_wait_s must be [low, high] with 0 <= low <= high",
+                    p.name
+                ));
+            }
+        }
+        for (i, m) in s.model.iter().enumerate() {
+            if s.model[..i].iter().any(|o| o.name == m.name) {
+                return bad(format!("spin.model '{}' is listed twice", m.name));
+            }
+            for q in std::iter::once(&m.quant).chain(&m.quantized) {
+                if quantization(q).is_none() {
+                    return bad(format!(
+                        "spin.model '{}': unknown weight format '{q}' (use fp32, bf16, fp16, fp8, int8, int4, awq or gptq)",
+                        m.name
+                    ));
+                }
+            }
+            let [from, to] = m.active_hours;
+            if !(0.0..=24.0).contains(&from) || !(0.0..=24.0).contains(&to) || from > to {
+                return bad(format!("spin.model '{}': active_hours must be [from, to] within 0..=24", m.name));
+            }
+            if m.params_b <= 0.0 || m.walltime_h <= 0.0 || m.tokens[0] > m.tokens[1] || m.base_per_s > m.peak_per_s {
+                return bad(format!(
+                    "spin.model '{}': need params_b > 0, walltime_h > 0, tokens [low, high] and base_per_s <= peak_per_s",
+                    m.name
+                ));
+            }
+        }
+        for b in &s.burst {
+            if !s.model.iter().any(|m| m.name == b.model) {
+                return bad(format!("spin.burst names model '{}', which is not a [[spin.model]]", b.model));
+            }
+        }
+        if self.workload.tokens_per_s <= 0.0 {
+            return bad("workload.tokens_per_s must be above zero".into());
+        }
         Ok(())
     }
 }
@@ -433,7 +689,9 @@ mod tests {
     #[test]
     fn every_named_scenario_loads() {
         let names = known_scenarios();
-        for required in ["smoke-100", "federation-1k", "federation-10k", "partition-heal", "preemption-storm"] {
+        for required in
+            ["smoke-100", "federation-1k", "federation-10k", "partition-heal", "preemption-storm", "spinning-day"]
+        {
             assert!(names.iter().any(|n| n == required), "missing scenario {required}");
         }
         for n in names {

@@ -58,6 +58,20 @@ pub(crate) enum Kind {
     FaultsEnd,
     /// Liveness phase: are all live replicas equal yet?
     LivenessCheck,
+    /// The spinner's periodic decision.
+    SpinTick,
+    /// An extra decision: a request found no replica.
+    SpinDecide,
+    /// A candidate arrival for a spinnable model.
+    SpinArrival,
+    /// A spinner job leaves the batch queue and starts.
+    SpinStart(u32),
+    /// A cold-start queue's oldest request reaches its deadline.
+    ColdExpire { gateway: u32, model: u32 },
+    /// Slurm preempts one of the spinner's running jobs.
+    SpinPreempt,
+    /// Once a simulated minute: the spinning timeline.
+    SpinMinute,
 }
 
 impl Kind {
@@ -79,6 +93,13 @@ impl Kind {
             Kind::Sample => (13, 0, 0),
             Kind::FaultsEnd => (14, 0, 0),
             Kind::LivenessCheck => (15, 0, 0),
+            Kind::SpinTick => (16, 0, 0),
+            Kind::SpinDecide => (17, 0, 0),
+            Kind::SpinArrival => (18, 0, 0),
+            Kind::SpinStart(j) => (19, *j, 0),
+            Kind::ColdExpire { gateway, model } => (20, *gateway, *model),
+            Kind::SpinPreempt => (21, 0, 0),
+            Kind::SpinMinute => (22, 0, 0),
         }
     }
 }
@@ -214,6 +235,8 @@ pub struct Sim {
     pub(crate) aborted: Option<String>,
     pub(crate) limits: Limits,
     started: std::time::Instant,
+    /// Model spinning, when the scenario has it.
+    pub(crate) spin: Option<Box<crate::spin::SpinWorld>>,
 }
 
 /// Resource guards for a run. They stop a run that would take the machine down; a stopped run
@@ -266,6 +289,7 @@ impl Sim {
             aborted: None,
             limits,
             started: std::time::Instant::now(),
+            spin: None,
         }
     }
 
@@ -337,6 +361,13 @@ impl Sim {
                 self.liveness_check();
             }
             Kind::LivenessCheck => self.liveness_check(),
+            Kind::SpinTick => self.spin_decide(true),
+            Kind::SpinDecide => self.spin_decide(false),
+            Kind::SpinArrival => self.spin_arrival(),
+            Kind::SpinStart(j) => self.spin_start(u64::from(j)),
+            Kind::ColdExpire { gateway, model } => self.cold_expire(gateway, model),
+            Kind::SpinPreempt => self.spin_preempt(),
+            Kind::SpinMinute => self.spin_minute(),
         }
     }
 

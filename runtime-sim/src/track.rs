@@ -34,11 +34,12 @@ impl Bits {
     fn new(n: usize) -> Bits {
         Bits(vec![0; n.div_ceil(64)])
     }
+    /// Hosts added after the set was made (spinner jobs) are never in it.
     fn get(&self, i: u32) -> bool {
-        self.0[i as usize / 64] & (1 << (i % 64)) != 0
+        self.0.get(i as usize / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
     fn set(&mut self, i: u32, v: bool) {
-        let w = &mut self.0[i as usize / 64];
+        let Some(w) = self.0.get_mut(i as usize / 64) else { return };
         if v {
             *w |= 1 << (i % 64);
         } else {
@@ -76,6 +77,26 @@ pub struct Curve {
     pub total: u32,
 }
 
+/// Why a node drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum DrainCause {
+    /// The drain signal before the job's walltime.
+    Walltime = 0,
+    /// Slurm's preemption signal.
+    Preemption = 1,
+    /// The spinner released the replica.
+    Release = 2,
+}
+
+/// Requests caught in drains of one cause.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DrainCount {
+    pub drains: u64,
+    pub in_flight: u64,
+    pub completed: u64,
+    pub failed: u64,
+}
+
 /// All measurements of one run.
 #[derive(Default, Debug)]
 pub(crate) struct Trackers {
@@ -90,6 +111,11 @@ pub(crate) struct Trackers {
     pub drains: u64,
     pub drain_in_flight: u64,
     pub drain_completed: u64,
+    pub drain_failed: u64,
+    pub drain_by_cause: [DrainCount; 3],
+    /// Why each host that is draining (or about to) drains; absent: its walltime.
+    pub drain_cause: std::collections::BTreeMap<u32, DrainCause>,
+    pub preemptions_scheduled: u64,
     pub preemptions: u64,
     pub preempt_kills: u64,
     pub walltime_kills: u64,

@@ -4,6 +4,7 @@
 use crate::rng;
 use crate::scenario::{Partition, Scenario};
 use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim};
+use crate::track::DrainCause;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -19,8 +20,30 @@ pub(crate) struct Request {
     node_job: u32,
     gateway: u32,
     gateway_job: u32,
-    in_drain: bool,
+    /// The drain the request was caught in, if its node started draining while it was in flight.
+    drain: Option<DrainCause>,
+    /// The spinnable model it asked for, if any.
+    spin_model: Option<u16>,
     done: bool,
+}
+
+impl Request {
+    /// Whether it has completed or failed.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+/// What became of one attempt to route a request.
+pub(crate) enum Routed {
+    /// A node took it.
+    Placed,
+    /// No node hosts the model routably (the cold-start queue's case).
+    NoReplica,
+    /// Every attempt failed before the first byte, or the gateway is gone.
+    Exhausted,
+    /// The run stopped on an invariant violation.
+    Stopped,
 }
 
 fn uniform(rng: &mut ChaCha8Rng, [lo, hi]: [f64; 2]) -> f64 {
@@ -108,6 +131,7 @@ pub(crate) fn build(sim: &mut Sim) {
     }
     sim.at(1_000_000, Kind::Sample);
     sim.at(micros(sim.sc.faults_until_s), Kind::FaultsEnd);
+    sim.spin_build();
 }
 
 fn schedule_faults(sim: &mut Sim, g: u32, n_hosts: u32) {
@@ -134,6 +158,7 @@ fn schedule_faults(sim: &mut Sim, g: u32, n_hosts: u32) {
             let t = window(&mut sim.fault_rng);
             sim.at(t, Kind::Preempt(h));
         }
+        sim.t.preemptions_scheduled = u64::from(jobs.preemptions);
     }
     for _ in 0..jobs.gateway_crashes {
         let h = sim.fault_rng.random_range(0..g);
@@ -205,7 +230,8 @@ impl Sim {
                 let rtt = 2 * self.latency(h, g);
                 self.after(rtt, Kind::Connect { dialer: h, gateway: g });
             }
-            let startup = micros(uniform(&mut self.world_rng, self.sc.jobs.engine_startup_s));
+            let range = self.spin_startup(h).unwrap_or(self.sc.jobs.engine_startup_s);
+            let startup = micros(uniform(&mut self.world_rng, range));
             self.after(startup, Kind::EngineUp { host: h, job });
             if let Some(end) = walltime.filter(|e| *e > self.now) {
                 self.hosts[h as usize].ending = true;
@@ -229,18 +255,34 @@ impl Sim {
         if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
             self.t.walltime_kills += 1;
             self.stop_process(h);
-            self.requeue(h);
+            self.requeue(h, DrainCause::Walltime);
         }
     }
 
+    /// Slurm preempts the job on host `h`: drain signal now, kill after the grace period. A
+    /// scheduled preemption whose host is not running, or already draining, moves to the next
+    /// host that is (in host order, no random draw), so a scenario gets every preemption it names.
     pub(crate) fn preempt(&mut self, h: u32) {
+        let preemptible = |host: &crate::sim::Host| host.running() && !host.gateway && host.state < Lifecycle::Down;
+        let h = if preemptible(&self.hosts[h as usize]) || self.is_spin_host(h) {
+            h
+        } else {
+            let static_end = self.sc.federation.gateways + self.sc.federation.nodes;
+            let g = self.sc.federation.gateways;
+            let span = static_end - g;
+            match (1..span).map(|k| g + (h - g + k) % span).find(|&c| preemptible(&self.hosts[c as usize])) {
+                Some(c) => c,
+                None => return,
+            }
+        };
         let host = &mut self.hosts[h as usize];
-        if !host.running() || host.ending {
+        if !preemptible(host) {
             return;
         }
         host.ending = true;
         let job = host.job;
         self.t.preemptions += 1;
+        self.t.drain_cause.insert(h, DrainCause::Preemption);
         self.feed(h, Input::DrainRequested);
         let grace = micros(self.sc.jobs.preempt_grace_s);
         self.after(grace, Kind::Kill { host: h, job });
@@ -250,7 +292,7 @@ impl Sim {
         if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
             self.t.preempt_kills += 1;
             self.stop_process(h);
-            self.requeue(h);
+            self.requeue(h, DrainCause::Preemption);
         }
     }
 
@@ -264,8 +306,14 @@ impl Sim {
         self.after(delay, Kind::Start(h));
     }
 
-    /// A replacement job for host `h` after a queue wait.
-    fn requeue(&mut self, h: u32) {
+    /// A replacement job for host `h` after a queue wait; a spinner job ends instead (the spinner
+    /// decides whether to replace it). `how` is why the job ended.
+    fn requeue(&mut self, h: u32, how: DrainCause) {
+        self.t.drain_cause.remove(&h);
+        if self.is_spin_host(h) {
+            self.spin_host_stopped(h, how);
+            return;
+        }
         let wait = micros(uniform(&mut self.fault_rng, self.sc.jobs.queue_wait_s));
         self.after(wait, Kind::Start(h));
     }
@@ -281,11 +329,18 @@ impl Sim {
                 host.state = state;
                 if state == Lifecycle::Down && was != Lifecycle::Down && host.ending {
                     let reqs = host.in_flight.clone();
+                    let cause = self.t.drain_cause.get(&h).copied().unwrap_or(DrainCause::Walltime);
                     self.t.drains += 1;
                     self.t.drain_in_flight += reqs.len() as u64;
+                    let c = &mut self.t.drain_by_cause[cause as usize];
+                    c.drains += 1;
+                    c.in_flight += reqs.len() as u64;
                     for r in reqs {
-                        self.t.requests[r as usize].in_drain = true;
+                        self.t.requests[r as usize].drain = Some(cause);
                     }
+                }
+                if state == Lifecycle::Serve {
+                    self.spin_serving(h);
                 }
                 let version = self.hosts[h as usize].node.as_ref().map(|n| n.local_record().version());
                 if let Some(v) = version {
@@ -293,7 +348,8 @@ impl Sim {
                 }
             }
             Event::Unroutable(id) => self.t.on_unroutable(h, host_of(&id), self.now, &self.hosts),
-            Event::Routable(_) | Event::Discovered(_) => {}
+            Event::Routable(id) => self.cold_release(h, host_of(&id)),
+            Event::Discovered(_) => {}
             Event::Rejected { error, .. } => {
                 self.t.rejected += 1;
                 self.fail(format!("node {} rejected a datagram from a correct peer: {error}", id_of(h)));
@@ -306,8 +362,9 @@ impl Sim {
             Command::StopEngine => {}
             Command::Exit => {
                 self.t.clean_exits += 1;
+                let how = self.t.drain_cause.get(&h).copied().unwrap_or(DrainCause::Walltime);
                 self.stop_process(h);
-                self.requeue(h);
+                self.requeue(h, how);
             }
         }
     }
@@ -338,6 +395,23 @@ impl Sim {
             return;
         }
         let g = gateways[self.work_rng.random_range(0..gateways.len())];
+        match self.route_request(g, &model, None, None, self.now) {
+            Routed::Placed | Routed::Stopped => {}
+            Routed::NoReplica | Routed::Exhausted => self.t.failed += 1,
+        }
+    }
+
+    /// Gateway `g` routes a request for `model` with the core's routing decision, retrying
+    /// elsewhere on failures before the first byte. `tokens` is the response length if already
+    /// drawn; `spin_model` marks requests for a spinnable model, which arrived at `arrived`.
+    pub(crate) fn route_request(
+        &mut self,
+        g: u32,
+        model: &str,
+        tokens: Option<u32>,
+        spin_model: Option<u16>,
+        arrived: Micros,
+    ) -> Routed {
         let mut tried: Vec<tela_core::NodeId> = Vec::new();
         for _ in 0..self.sc.workload.max_attempts {
             let gw = &self.hosts[g as usize];
@@ -347,7 +421,7 @@ impl Sim {
             let replica = gw_node.replica();
             let picked = route(
                 replica,
-                &model,
+                model,
                 |id| gw.links.contains(&host_of(&id)) && !tried.contains(&id),
                 |id| gw.load_of(host_of(&id)),
                 &mut self.work_rng,
@@ -355,14 +429,18 @@ impl Sim {
             let id = match picked {
                 Ok(id) => id,
                 Err(RouteError::UnknownModel { .. } | RouteError::NoCapacity { .. }) => {
+                    if spin_model.is_some() && tried.is_empty() {
+                        // Nothing serves the model yet: the request may wait for a replica.
+                        return Routed::NoReplica;
+                    }
                     self.t.no_capacity += 1;
-                    break;
+                    return Routed::Exhausted;
                 }
             };
             let believed = replica.get(&id).map(|s| s.record().state);
             if believed != Some(Lifecycle::Serve) {
                 self.fail(format!("gateway {} routed to {id} which it believes is {believed:?}", id_of(g)));
-                return;
+                return Routed::Stopped;
             }
             let n = host_of(&id);
             let target = &self.hosts[n as usize];
@@ -374,8 +452,10 @@ impl Sim {
                 continue;
             }
             let w = self.sc.workload.clone();
-            let tokens = self.work_rng.random_range(w.tokens[0]..=w.tokens[1].max(w.tokens[0]));
+            let tokens =
+                tokens.unwrap_or_else(|| self.work_rng.random_range(w.tokens[0]..=w.tokens[1].max(w.tokens[0])));
             let rtt = 2 * self.latency(g, n);
+            let ttft = micros(w.ttft_ms / 1e3);
             let service = micros(w.ttft_ms / 1e3 + f64::from(tokens) / w.tokens_per_s);
             let r = self.t.requests.len() as u32;
             self.t.requests.push(Request {
@@ -383,17 +463,21 @@ impl Sim {
                 node_job: target_job,
                 gateway: g,
                 gateway_job: self.hosts[g as usize].job,
-                in_drain: false,
+                drain: None,
+                spin_model,
                 done: false,
             });
             self.hosts[g as usize].add_load(n, 1);
             self.hosts[n as usize].in_flight.push(r);
+            if let Some(m) = spin_model {
+                self.spin_placed(m, self.now - arrived + rtt + ttft);
+            }
             let load = Load { in_flight: self.hosts[n as usize].in_flight.len() as u32, queued: 0 };
             self.feed(n, Input::Load(load));
             self.after(rtt + service, Kind::RequestDone(r));
-            return;
+            return Routed::Placed;
         }
-        self.t.failed += 1;
+        Routed::Exhausted
     }
 
     pub(crate) fn request_done(&mut self, r: u32) {
@@ -410,13 +494,22 @@ impl Sim {
         let load = Load { in_flight: host.in_flight.len() as u32, queued: 0 };
         if gw_alive {
             self.t.completed += 1;
-            if req.in_drain {
+            if let Some(cause) = req.drain {
                 self.t.drain_completed += 1;
+                self.t.drain_by_cause[cause as usize].completed += 1;
             }
         } else {
             self.t.failed += 1;
+            if let Some(cause) = req.drain {
+                self.t.drain_failed += 1;
+                self.t.drain_by_cause[cause as usize].failed += 1;
+            }
         }
-        if host.running() && host.job == req.node_job {
+        let same_job = host.running() && host.job == req.node_job;
+        if let Some(m) = req.spin_model {
+            self.spin_request_over(m);
+        }
+        if same_job {
             self.feed(req.node, Input::Load(load));
         }
     }
@@ -428,9 +521,16 @@ impl Sim {
             return;
         }
         req.done = true;
-        let (g, n) = (req.gateway, req.node);
+        let (g, n, drain, spin_model) = (req.gateway, req.node, req.drain, req.spin_model);
         self.hosts[g as usize].add_load(n, -1);
         self.t.failed += 1;
         self.t.mid_stream += 1;
+        if let Some(cause) = drain {
+            self.t.drain_failed += 1;
+            self.t.drain_by_cause[cause as usize].failed += 1;
+        }
+        if let Some(m) = spin_model {
+            self.spin_request_over(m);
+        }
     }
 }
