@@ -530,3 +530,78 @@ impl Node {
         self.transmit(to, b.finish());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{Config, ConfigError, Output};
+
+    fn suspicion(heartbeat: u64, from: u64) -> QueuedSuspicion {
+        QueuedSuspicion::new(NodeId::from_u64(7), 3, heartbeat, NodeId::from_u64(from))
+    }
+
+    #[test]
+    fn push_pull_stays_the_default() {
+        let c = Config::new(NodeId::from_u64(1), 1);
+        assert_eq!(c.dissemination, Dissemination::PushPull);
+        let node = Node::new(c, Time::ZERO);
+        assert!(node.swim().is_none() && node.swim_queued().is_none());
+        assert_eq!(node.timers.get(Timer::Probe), None);
+        assert_eq!(node.timers.get(Timer::AntiEntropy), None);
+    }
+
+    #[test]
+    fn swim_settings_are_validated() {
+        let mut c = Config::new(NodeId::from_u64(1), 1);
+        let mut s = SwimSettings::default();
+        c.dissemination = Dissemination::Swim(s.clone());
+        assert_eq!(c.validate(), Ok(()));
+        s.gossip_interval = Duration::ZERO;
+        c.dissemination = Dissemination::Swim(s.clone());
+        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim gossip_interval")));
+        s = SwimSettings::default();
+        s.detector.probe_timeout = s.detector.protocol_period;
+        c.dissemination = Dissemination::Swim(s);
+        assert!(c.validate().unwrap_err().to_string().contains("probe_timeout"));
+    }
+
+    #[test]
+    fn swim_mode_neither_beats_nor_sweeps_and_queues_its_record() {
+        let mut c = Config::new(NodeId::from_u64(1), 1);
+        c.dissemination = Dissemination::Swim(SwimSettings::default());
+        let mut node = Node::new(c, Time::ZERO);
+        assert_eq!(node.timers.get(Timer::Heartbeat), None);
+        assert_eq!(node.timers.get(Timer::Sweep), None);
+        assert_eq!(node.swim_queued(), Some((1, 0)));
+        // Alone, it sends nothing however long it runs, and its heartbeat stays put.
+        let mut now = Time::ZERO;
+        for _ in 0..200 {
+            loop {
+                match node.poll_output() {
+                    Output::Transmit(t) => panic!("a lone node sent {t:?}"),
+                    Output::Timeout(at) => {
+                        now = at;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            node.handle_input(now, crate::node::Input::Timeout);
+        }
+        assert!(now > Time::from_secs(30), "only {now} passed");
+        assert_eq!(node.local_record().heartbeat, 0);
+    }
+
+    #[test]
+    fn suspicions_are_superseded_by_later_versions_and_replaced_by_other_suspecters() {
+        assert!(suspicion(5, 1).covers(&suspicion(4, 2)));
+        assert!(suspicion(5, 1).covers(&suspicion(5, 1)));
+        assert!(!suspicion(5, 1).covers(&suspicion(5, 2)), "another suspecter is a confirmation");
+        assert!(!suspicion(4, 1).covers(&suspicion(5, 1)));
+        let encoded = &suspicion(5, 1).encoded;
+        assert_eq!(
+            postcard::from_bytes::<Piggyback>(encoded).unwrap(),
+            Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) }
+        );
+    }
+}

@@ -154,19 +154,38 @@ fn drained_node_is_seen_down_then_left_by_everyone() {
     );
 }
 
-#[test]
-fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
-    let mut h = Harness::new(5);
+/// Two gateways anchoring `n - 2` outbound-only serving nodes, in Swim mode at 5% loss.
+fn anchored(n: u64, seed: u64) -> Harness {
+    let mut h = Harness::new(seed);
     h.set_loss(0.05);
     h.add(swim(gateway(1)));
     h.add(swim(gateway(2)));
     h.connect(id(1), id(2));
-    for i in 3..=20 {
+    for i in 3..=n {
         h.add(swim(outbound(i)));
         h.connect(id(1), id(i));
         h.connect(id(2), id(i));
         serve(&mut h, i, &["m"]);
     }
+    h
+}
+
+#[test]
+fn outbound_only_nodes_hear_and_refute_suspicions_through_their_anchors() {
+    // Outbound-only nodes hear only from their gateways, so the epidemic alone can miss them;
+    // suspecters tell suspects directly, and peers answer stale suspicions with the refutation.
+    for seed in [7u64, 12, 13, 18, 19] {
+        let mut h = anchored(30, seed);
+        h.run_for(Duration::from_secs(600));
+        let confirmed: Vec<_> = h.running().filter(|x| h.node(*x).stats().confirmed_down > 0).collect();
+        assert!(confirmed.is_empty(), "seed {seed}: {confirmed:?} confirmed a live node dead");
+        assert!(h.running().all(|x| h.node(x).stats().new_generations == 0), "seed {seed}");
+    }
+}
+
+#[test]
+fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
+    let mut h = anchored(20, 5);
     let all =
         |h: &Harness| views_agree(h) && [id(1), id(2)].iter().all(|g| h.node(*g).replica().serving("m").len() == 18);
     assert!(h.run_until(LONG, all), "views differ");
