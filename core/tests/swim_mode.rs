@@ -223,3 +223,25 @@ fn an_idle_federation_costs_only_its_probes() {
         assert!(records + suspicions <= 2, "node {x} still has {records} records and {suspicions} suspicions queued");
     }
 }
+
+#[test]
+fn nodes_configured_for_a_small_mtu_stay_under_it() {
+    // The harness fails the run on any datagram over its MTU: probes, piggybacks, gossip,
+    // corrections and anti-entropy must all respect `max_datagram`.
+    let mut h = Harness::new(1);
+    h.set_mtu(300);
+    h.set_loss(0.05);
+    for i in 1..=40 {
+        let mut c = swim_public(i);
+        c.max_datagram = 300;
+        h.add(c);
+        if i > 1 {
+            h.connect(id(1), id(i));
+            serve(&mut h, i, &["m"]);
+        }
+    }
+    assert!(h.run_until(LONG, views_agree));
+    h.kill(id(17));
+    h.run_for(Duration::from_secs(60));
+    assert!(h.running().all(|x| h.node(x).replica().get(&id(17)).is_some_and(|s| s.record().state == Lifecycle::Down)));
+}
