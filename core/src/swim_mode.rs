@@ -18,7 +18,13 @@
 //!   refutes by bumping its heartbeat above the suspected one and spreading its record;
 //! - sends a piggyback-only [`Message::Gossip`] to `gossip_fanout` random peers every
 //!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
-//!   probes alone;
+//!   probes (and the anti-entropy below) alone;
+//! - makes sure a suspect hears of its suspicion, since the epidemic can miss it (an
+//!   outbound-only node hears only from its anchors): the suspecter tells a reachable suspect
+//!   directly when the suspicion starts and once a second while it runs, and repeats its running
+//!   suspicions on its pings. A node that receives a suspicion older than the record it holds
+//!   (or is) answers the sender with that record, so a node that missed a refutation learns of
+//!   it from the next peer it talks to;
 //! - runs one push-pull exchange ([`Message::Digest`]) with a random peer every
 //!   `anti_entropy_interval`, and one with every peer that connects (a joining node learns the
 //!   registry this way), so that partitions heal and whatever piggybacking missed is repaired.
