@@ -371,3 +371,85 @@ async fn the_cold_start_queue_is_bounded_in_size_and_time_and_forgets_clients_th
     })
     .await;
 }
+
+/// A batch system that refuses every submission (a wrong partition, an expired account).
+#[derive(Default)]
+struct RefusingBatch {
+    submits: AtomicU64,
+}
+
+impl BatchSystem for RefusingBatch {
+    fn name(&self) -> &str {
+        "refusing"
+    }
+
+    fn submit<'a>(&'a self, _job: &'a JobRequest) -> BatchFuture<'a, BatchJobId> {
+        self.submits.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async { Err(BatchError::Refused { backend: "refusing", detail: "invalid partition".into() }) })
+    }
+
+    fn jobs<'a>(&'a self, ids: &'a [BatchJobId]) -> BatchFuture<'a, Vec<BatchJob>> {
+        Box::pin(async move {
+            Ok(ids
+                .iter()
+                .map(|id| BatchJob {
+                    id: *id,
+                    state: BatchState::Ended,
+                    raw_state: "GONE".into(),
+                    comment: String::new(),
+                    hosts: vec![],
+                    time_left: None,
+                })
+                .collect())
+        })
+    }
+
+    fn cancel(&self, _id: BatchJobId) -> BatchFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn signal(&self, _id: BatchJobId, _signal: JobSignal) -> BatchFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_batch_system_is_asked_again_less_and_less_often_and_the_gateway_carries_on() {
+    within(60, async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let anchor = format!("127.0.0.1:{port}");
+        let loaded = LoadedConfig::parse(&spin_toml(dir.path(), &anchor, "4s", 64), "test").expect("valid config");
+        let batch = Arc::new(RefusingBatch::default());
+        let mut config = gateway_config(dir.path());
+        config.anchor_listen = anchor.parse().expect("addr");
+        config.spin = Some(SpinSetup { plan: loaded.spin.expect("[spin]"), batch: batch.clone() });
+        let gateway = Gateway::start(config).await.expect("gateway starts");
+        let base = gateway.base_url();
+        // A request every 100 ms for 4 s, each waiting 4 s: each wakes the spinner, yet the
+        // pauses after each refusal (0.3, 0.6, 1.2, 2.4 s) allow only a handful of submissions.
+        let mut waiting = Vec::new();
+        for _ in 0..40 {
+            let base = base.clone();
+            waiting
+                .push(tokio::spawn(async move { post(&base, "/v1/chat/completions", chat("spun", false, 4)).await }));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for w in waiting {
+            let r = w.await.expect("request task");
+            assert_eq!((r.status, r.json()["error"]["code"].as_str()), (503, Some("model_starting")), "{}", r.text());
+        }
+        // About 8 s of waiting requests: decisions at 0, 0.3, 0.9, 2.1 and 4.5 s, one
+        // submission each; without the pauses there would be one every 300 ms or less.
+        let submits = batch.submits.load(Ordering::Relaxed);
+        assert!((3..=6).contains(&submits), "{submits} submissions in 8 s");
+        let spin = spin_status(&gateway);
+        assert!(spin["last_error"].as_str().is_some_and(|e| e.contains("invalid partition")), "{spin:#}");
+        let metrics = call(&base, "GET", "/metrics", Some(KEY), None).await.text();
+        assert!(metrics.contains("tela_gateway_spin_batch_errors_total{op=\"submit\"}"), "{metrics}");
+        // Other paths are unaffected.
+        assert_eq!(call(&base, "GET", "/health", None, None).await.status, 200);
+        gateway.shutdown().await;
+    })
+    .await;
+}

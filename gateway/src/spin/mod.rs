@@ -15,7 +15,8 @@
 //! ([`job::render`]) and submits it, `Cancel` cancels, `Drain` sends the drain signal to the
 //! node's job. A failing batch call is logged and counted (`tela_gateway_spin_batch_errors_total`)
 //! and the task carries on; a job whose submission failed counts as ended, so the spinner may
-//! try again. The **release task** lets waiting requests go when their model becomes usable.
+//! try again — after a pause that doubles with each failed submission in a row (up to a
+//! minute). The **release task** lets waiting requests go when their model becomes usable.
 //!
 //! Jobs are known by the ids this gateway gave them; a restarted gateway does not adopt the
 //! jobs of its previous run (they drain at their walltime).
@@ -235,7 +236,8 @@ pub(crate) fn start(setup: SpinSetup, spin: Arc<SpinShared>, parts: GatewayParts
         .map_err(|e| e.to_string())?;
     let release =
         tokio::spawn(release_loop(spin.clone(), parts.view.clone(), parts.published.clone(), parts.stop.clone()));
-    let task = SpinTask { plan: setup.plan, batch: setup.batch, spinner, jobs: BTreeMap::new(), spin, parts };
+    let task =
+        SpinTask { backoff: None, plan: setup.plan, batch: setup.batch, spinner, jobs: BTreeMap::new(), spin, parts };
     tracing::info!(
         "spinning {} with {}",
         task.plan.models.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "),
@@ -283,7 +285,14 @@ async fn release_loop(
     }
 }
 
+/// The longest pause after failed submissions.
+const MAX_SUBMIT_BACKOFF: Duration = Duration::from_secs(60);
+
 struct SpinTask {
+    /// After a failed submission no decision is made before this instant; the pause doubles
+    /// with every failure in a row (from the interval up to [`MAX_SUBMIT_BACKOFF`]), so that a
+    /// refusing batch system is not asked again on every waiting request.
+    backoff: Option<(Instant, Duration)>,
     plan: SpinPlan,
     batch: Arc<dyn BatchSystem>,
     spinner: Spinner,
@@ -302,6 +311,9 @@ impl SpinTask {
                 _ = tokio::time::sleep(self.plan.interval) => {}
                 _ = async { self.spin.wake.notified().await; tokio::time::sleep(gap).await } => {}
             }
+            if self.backoff.is_some_and(|(until, _)| Instant::now() < until) {
+                continue;
+            }
             last = Instant::now();
             self.tick().await;
         }
@@ -319,8 +331,14 @@ impl SpinTask {
         let view = self.view();
         let now = self.parts.view.clock().now();
         let commands = self.spinner.decide(now, &view);
+        let mut refused = false;
         for command in commands {
-            self.execute(command).await;
+            // One refusal is enough: the rest of this decision's submissions wait for the next
+            // try (the spinner counts them as ended, so it asks again).
+            if refused && matches!(command, SpinCommand::Submit { .. }) {
+                continue;
+            }
+            refused |= !self.execute(command).await;
         }
         let mut report = self.spin.report.lock().unwrap_or_else(PoisonError::into_inner);
         report.decisions += 1;
@@ -432,17 +450,18 @@ impl SpinTask {
         view
     }
 
-    async fn execute(&mut self, command: SpinCommand) {
+    /// Executes one command; `false` when a submission failed.
+    async fn execute(&mut self, command: SpinCommand) -> bool {
         match command {
             SpinCommand::Submit { job, model, placement, walltime } => {
-                let Some(spec) = self.plan.model(&model) else { return };
-                let Some(partition) = self.plan.partition(&placement.shape_name) else { return };
+                let Some(spec) = self.plan.model(&model) else { return true };
+                let Some(partition) = self.plan.partition(&placement.shape_name) else { return true };
                 let request = match job::render(&self.plan.job, partition, spec, &placement, walltime) {
                     Ok(r) => r,
                     Err(e) => {
                         // Checked with the configuration, so not expected; the job counts as ended.
                         self.error("submit", format!("cannot render the job for '{model}': {e}"));
-                        return;
+                        return true;
                     }
                 };
                 self.jobs.insert(
@@ -464,24 +483,35 @@ impl SpinTask {
                     Ok(id) => {
                         tracing::info!(model, "submitted job {id} for '{model}': {placement}");
                         self.parts.metrics.spin_submits.get_or_create(&ModelLabel { model: model.clone() }).inc();
+                        self.backoff = None;
                         if let Some(j) = self.jobs.get_mut(&job) {
                             j.batch = Some(id);
                             j.state = Some(BatchState::Pending);
                             j.raw_state = "PENDING".into();
                         }
+                        true
                     }
                     Err(e) => {
                         // Not listed from now on: the spinner counts it as ended.
                         self.jobs.remove(&job);
-                        self.error("submit", format!("cannot submit a job for '{model}': {e}"));
+                        let pause = self.backoff.map_or(self.plan.interval, |(_, d)| (d * 2).min(MAX_SUBMIT_BACKOFF));
+                        self.backoff = Some((Instant::now() + pause, pause));
+                        self.error(
+                            "submit",
+                            format!(
+                                "cannot submit a job for '{model}': {e} (next try in {})",
+                                humantime::format_duration(pause)
+                            ),
+                        );
+                        false
                     }
                 }
             }
             SpinCommand::Cancel { job } => {
-                let Some(tracked) = self.jobs.get_mut(&job) else { return };
+                let Some(tracked) = self.jobs.get_mut(&job) else { return true };
                 tracked.released = Some("cancelled");
                 let (model, batch) = (tracked.model.clone(), tracked.batch);
-                let Some(id) = batch else { return };
+                let Some(id) = batch else { return true };
                 match self.batch.cancel(id).await {
                     Ok(()) => {
                         tracing::info!(model, "cancelled job {id} of '{model}' (not needed any more)");
@@ -489,15 +519,16 @@ impl SpinTask {
                     }
                     Err(e) => self.error("cancel", format!("cannot cancel job {id} of '{model}': {e}")),
                 }
+                true
             }
             SpinCommand::Drain { node } => {
                 let Some(tracked) = self.jobs.values_mut().find(|j| j.node == Some(node)) else {
                     self.error("drain", format!("no job of this gateway runs node {node}; not drained"));
-                    return;
+                    return true;
                 };
                 tracked.released = Some("drained");
                 let (model, batch) = (tracked.model.clone(), tracked.batch);
-                let Some(id) = batch else { return };
+                let Some(id) = batch else { return true };
                 match self.batch.signal(id, JobSignal::Drain).await {
                     Ok(()) => {
                         tracing::info!(model, "draining node {node} (job {id}) of '{model}': demand went away");
@@ -505,6 +536,7 @@ impl SpinTask {
                     }
                     Err(e) => self.error("drain", format!("cannot signal job {id} of '{model}' to drain: {e}")),
                 }
+                true
             }
         }
     }
