@@ -12,8 +12,9 @@
 //!   from head to last byte, which the driver reports to the core (a drain ends when it
 //!   reaches zero).
 //! - **Accepted at once**: the node answers every request head with the tunnel's accepted
-//!   marker before anything else, so a gateway learns within a round trip that the node is
-//!   alive (see [`tela_transports::tunnel`]).
+//!   marker — in the same write as the response head when the engine answers within
+//!   [`ForwardConfig::accept_within`], alone otherwise — so a gateway learns within a round
+//!   trip that the node is alive (see [`tela_transports::tunnel`]).
 //! - **Lifecycle**: a node that is not SERVE (still joining, draining, failed, left)
 //!   answers new streams with `503` and an OpenAI-shaped error, before touching the engine,
 //!   so that the gateway retries on another node at once.
@@ -31,7 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tela_core::Lifecycle;
 use tela_transports::tunnel::{
-    read_request_head, write_accepted, write_response_head, RequestHead, ResponseHead, TunnelError,
+    read_request_head, write_accepted, write_accepted_response_head, write_response_head, RequestHead, ResponseHead,
+    TunnelError,
 };
 use tela_transports::SendStream;
 use tokio::io::AsyncWriteExt;
@@ -44,11 +46,18 @@ pub struct ForwardConfig {
     pub idle_timeout: Duration,
     /// The longest a gateway may take to send the request head after opening the stream.
     pub head_timeout: Duration,
+    /// How long the accepted marker may wait to travel with the response head; past this it
+    /// goes out alone. Far below the gateway's accept timeout (500 ms by default).
+    pub accept_within: Duration,
 }
 
 impl Default for ForwardConfig {
     fn default() -> Self {
-        ForwardConfig { idle_timeout: Duration::from_secs(300), head_timeout: Duration::from_secs(10) }
+        ForwardConfig {
+            idle_timeout: Duration::from_secs(300),
+            head_timeout: Duration::from_secs(10),
+            accept_within: Duration::from_millis(20),
+        }
     }
 }
 
@@ -79,8 +88,37 @@ pub fn tunnel_handler(backend: Backend, config: ForwardConfig) -> StreamHandler 
     })
 }
 
+/// The answering side of a tunnelled request: the accepted marker goes out with the first
+/// response head, unless it had to go out alone before (see [`ForwardConfig::accept_within`]).
+struct Reply {
+    send: SendStream,
+    accepted: bool,
+}
+
+impl Reply {
+    /// Sends the accepted marker now, if it has not gone out yet.
+    async fn accept(&mut self) -> Result<(), TunnelError> {
+        if !self.accepted {
+            write_accepted(&mut self.send).await?;
+            self.accepted = true;
+        }
+        Ok(())
+    }
+
+    /// Sends the response head, with the marker in the same write if it is still due.
+    async fn head(&mut self, head: &ResponseHead) -> Result<(), TunnelError> {
+        if self.accepted {
+            write_response_head(&mut self.send, head).await
+        } else {
+            self.accepted = true;
+            write_accepted_response_head(&mut self.send, head).await
+        }
+    }
+}
+
 async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfig) {
-    let IncomingStream { peer, mut send, mut recv, view } = incoming;
+    let IncomingStream { peer, send, mut recv, view } = incoming;
+    let mut send = Reply { send, accepted: false };
     let head = match tokio::time::timeout(config.head_timeout, read_request_head(&mut recv)).await {
         Ok(Ok(head)) => head,
         Ok(Err(TunnelError::Closed)) => return,
@@ -102,12 +140,6 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
             return;
         }
     };
-    // Tell the gateway at once that this node is alive and has the request: it waits for this
-    // (not for the engine) to decide whether to try another node.
-    if let Err(e) = write_accepted(&mut send).await {
-        tracing::debug!(%peer, "{peer} went away before the request was accepted: {e}");
-        return;
-    }
     // Count first, then look at the state: a drain that starts in between still sees this
     // request, so it cannot reach LEFT while the request goes to the engine.
     let _in_flight = view.in_flight().enter();
@@ -143,7 +175,22 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
             return;
         }
     };
-    let response = match tokio::time::timeout(config.idle_timeout, backend.client().request(request)).await {
+    // The gateway waits for the accepted marker (not for the engine) to decide whether this
+    // node is alive: it goes out with the response head, or alone if the engine is slower.
+    let engine = tokio::time::timeout(config.idle_timeout, backend.client().request(request));
+    tokio::pin!(engine);
+    let answer = tokio::select! {
+        biased;
+        answer = &mut engine => answer,
+        () = tokio::time::sleep(config.accept_within) => {
+            if let Err(e) = send.accept().await {
+                tracing::debug!(%peer, "{peer} went away before the request was accepted: {e}");
+                return;
+            }
+            engine.await
+        }
+    };
+    let response = match answer {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             let detail = error_chain(&e);
@@ -182,9 +229,10 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
         .collect();
     headers.push((NODE_HEADER.into(), view.node_id().to_string().into_bytes()));
     let head = ResponseHead { status: parts.status.as_u16(), headers };
-    if write_response_head(&mut send, &head).await.is_err() {
+    if send.head(&head).await.is_err() {
         return; // the gateway went away
     }
+    let mut send = send.send;
     let mut bytes = 0u64;
     loop {
         let frame = match tokio::time::timeout(config.idle_timeout, body.frame()).await {
@@ -239,7 +287,7 @@ fn build_request(
 
 /// Answers with an OpenAI-shaped error and finishes the stream.
 async fn respond_error(
-    send: &mut SendStream,
+    send: &mut Reply,
     status: StatusCode,
     kind: &str,
     code: &str,
@@ -255,9 +303,9 @@ async fn respond_error(
             (NODE_HEADER.into(), node.to_string().into_bytes()),
         ],
     };
-    write_response_head(send, &head).await?;
-    send.write_all(&body).await?;
-    send.shutdown().await?;
+    send.head(&head).await?;
+    send.send.write_all(&body).await?;
+    send.send.shutdown().await?;
     Ok(())
 }
 

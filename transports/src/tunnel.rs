@@ -6,8 +6,9 @@
 //! acceptor → opener:  [u32 0] [u32 length][postcard ResponseHead] response body bytes ... FIN
 //! ```
 //!
-//! The acceptor answers a request head at once with an *accepted* marker (a zero length, which
-//! no head has), long before the response head, which waits for the engine. The opener can thus
+//! The acceptor answers a request head promptly with an *accepted* marker (a zero length, which
+//! no head has) — alone if the response head is not ready within a few milliseconds, else in
+//! the same write as the head ([`write_accepted_response_head`]). The opener can thus
 //! tell a live peer that is still working from one that is gone — a killed process behind QUIC
 //! sends no reset — within a round trip: see [`read_accepted`]. [`read_response_head`] skips
 //! the marker, so a reader that does not care need not read it separately.
@@ -109,6 +110,19 @@ pub async fn write_response_head<W: AsyncWrite + Unpin>(w: &mut W, head: &Respon
 /// the head has been read, before anything slow.
 pub async fn write_accepted<W: AsyncWrite + Unpin>(w: &mut W) -> Result<(), TunnelError> {
     w.write_all(&ACCEPTED).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Writes the accepted marker and a response head in one write (one frame or packet): for an
+/// acceptor whose answer is ready before it had to send the marker alone.
+pub async fn write_accepted_response_head<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    head: &ResponseHead,
+) -> Result<(), TunnelError> {
+    let mut bytes = ACCEPTED.to_vec();
+    bytes.extend_from_slice(&encode_head(head)?);
+    w.write_all(&bytes).await?;
     w.flush().await?;
     Ok(())
 }
@@ -269,6 +283,11 @@ mod tests {
         let mut r = wire.as_slice();
         assert_eq!(read_response_head(&mut r).await.expect("the head, marker skipped"), resp);
         assert_eq!(r, b"BODY");
+
+        let mut together = Vec::new();
+        write_accepted_response_head(&mut together, &resp).await.expect("write");
+        together.extend_from_slice(b"BODY");
+        assert_eq!(together, wire, "one write, the same bytes");
 
         let head_only = encode_head(&resp).expect("encode");
         assert!(matches!(read_accepted(&mut head_only.as_slice()).await, Err(TunnelError::Malformed(_))));
