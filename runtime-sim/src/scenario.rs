@@ -76,6 +76,21 @@ pub struct Protocol {
     pub dead_after_ms: u64,
     /// Drain window before the walltime.
     pub drain_window_s: f64,
+    /// How nodes disseminate: `"push-pull"` (the default) or `"swim"` (SWIM probes carrying
+    /// the updates, with the core's default settings; the gossip and heartbeat keys above then
+    /// do not apply).
+    pub dissemination: DisseminationMode,
+}
+
+/// The core's dissemination mode for every node of a scenario.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum DisseminationMode {
+    /// Periodic push-pull with heartbeat liveness.
+    #[default]
+    PushPull,
+    /// SWIM + Lifeguard with piggybacked updates.
+    Swim,
 }
 
 /// Sites, latency and faults of the network.
@@ -419,6 +434,7 @@ impl Default for Protocol {
             heartbeat_interval_ms: c.heartbeat_interval.as_millis() as u64,
             dead_after_ms: c.dead_after.as_millis() as u64,
             drain_window_s: 120.0,
+            dissemination: DisseminationMode::PushPull,
         }
     }
 }
@@ -697,6 +713,15 @@ mod tests {
         for n in names {
             Scenario::load(&n).unwrap_or_else(|e| panic!("{e}"));
         }
+    }
+
+    #[test]
+    fn the_dissemination_mode_is_named_or_refused() {
+        assert_eq!(Scenario::parse("").expect("defaults").protocol.dissemination, DisseminationMode::PushPull);
+        let s = Scenario::parse("[protocol]\ndissemination = \"swim\"").expect("swim");
+        assert_eq!(s.protocol.dissemination, DisseminationMode::Swim);
+        let e = Scenario::parse("[protocol]\ndissemination = \"flood\"").unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
     }
 
     #[test]

@@ -201,6 +201,9 @@ impl Sim {
         c.heartbeat_interval = Duration::from_millis(p.heartbeat_interval_ms);
         c.dead_after = Duration::from_millis(p.dead_after_ms);
         c.drain_window = Duration::from_secs_f64(p.drain_window_s);
+        if p.dissemination == crate::scenario::DisseminationMode::Swim {
+            c.dissemination = tela_core::Dissemination::Swim(tela_core::SwimSettings::default());
+        }
         host.node = Some(Node::new(c, local));
         let job = host.job;
         let gateway = host.gateway;
