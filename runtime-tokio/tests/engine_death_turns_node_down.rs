@@ -59,7 +59,7 @@ fn a_killed_engine_turns_its_node_down_and_restarts_bring_new_generations() {
         let mut drain = Proc::tela("drain", &["drain", "--control", &control], &[]);
         assert_eq!(drain.wait_exit(Duration::from_secs(10)), Some(0), "tela drain:\n{}", drain.log_text());
         assert_eq!(first.wait_exit(Duration::from_secs(30)), Some(0), "the drained node exits 0");
-        assert!(first.log_text().contains("stopping the engine"), "{}", first.log_text());
+        first.wait_line("stopping the engine", Duration::from_secs(5)); // the log reader may trail the exit
         until(&anchor, "the anchor sees the node LEFT", Duration::from_secs(10), |s| {
             record_in(s, &id, Lifecycle::Left).is_some_and(|r| r.generation == gen2)
         })
