@@ -103,7 +103,6 @@ fn sigusr1_lets_open_streams_finish_then_the_node_leaves_and_exits_0() {
         watcher.abort();
         let seen: Vec<Lifecycle> = states.lock().expect("lock").iter().map(|(_, l)| *l).collect();
         assert_eq!(seen, vec![Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left], "states seen by the anchor");
-        let log = node.log_text();
-        assert!(log.contains("SIGUSR1 received: draining"), "{log}");
+        node.wait_line("SIGUSR1 received: draining", Duration::from_secs(5));
     });
 }
