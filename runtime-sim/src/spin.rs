@@ -329,14 +329,7 @@ impl Sim {
         }
         spin.recent[m].push_back(now);
         self.t.sent += 1;
-        let gateways: Vec<u32> =
-            (0..self.sc.federation.gateways).filter(|&g| self.hosts[g as usize].running()).collect();
-        if gateways.is_empty() {
-            self.t.failed += 1;
-            self.t.no_gateway += 1;
-            return;
-        }
-        let g = gateways[self.work_rng.random_range(0..gateways.len())];
+        let Some(g) = self.client_gateway() else { return };
         let name = self.sc.spin.model[m].name.clone();
         match self.route_request(g, &name, Some(tokens), Some(m as u16), now) {
             Routed::Placed | Routed::Stopped => {}

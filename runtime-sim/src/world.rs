@@ -384,20 +384,26 @@ impl Sim {
         self.t.on_merge(h, node, self.now);
     }
 
+    /// The gateway a client request goes to: one of the running gateways, drawn from the
+    /// workload stream; with none running the request fails (counted) and `None` comes back.
+    pub(crate) fn client_gateway(&mut self) -> Option<u32> {
+        let gateways: Vec<u32> =
+            (0..self.sc.federation.gateways).filter(|&g| self.hosts[g as usize].running()).collect();
+        if gateways.is_empty() {
+            self.t.failed += 1;
+            self.t.no_gateway += 1;
+            return None;
+        }
+        Some(gateways[self.work_rng.random_range(0..gateways.len())])
+    }
+
     pub(crate) fn arrival(&mut self) {
         let next = next_arrival(self);
         self.at(next, Kind::Arrival);
         self.t.sent += 1;
         let models = &self.sc.federation.models;
         let model = models[self.work_rng.random_range(0..models.len())].clone();
-        let gateways: Vec<u32> =
-            (0..self.sc.federation.gateways).filter(|&g| self.hosts[g as usize].running()).collect();
-        if gateways.is_empty() {
-            self.t.failed += 1;
-            self.t.no_gateway += 1;
-            return;
-        }
-        let g = gateways[self.work_rng.random_range(0..gateways.len())];
+        let Some(g) = self.client_gateway() else { return };
         match self.route_request(g, &model, None, None, self.now) {
             Routed::Placed | Routed::Stopped => {}
             Routed::NoReplica | Routed::Exhausted => self.t.failed += 1,
