@@ -11,55 +11,19 @@
 //! the test prints a "skipped" line and passes, unless `TELA_REQUIRE_SLURM=1`.
 
 mod common;
+#[path = "../../runtime-tokio/tests/slurm_env/discover.rs"]
+mod discover;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use discover::{slurm_env, SlurmEnv};
 use serde_json::Value;
 use tela_gateway::config::LoadedConfig;
 use tela_gateway::gateway::Gateway;
 use tela_gateway::spin::SpinSetup;
-
-/// The local Slurm's settings: partition, and slurmrestd's URL, user and token file.
-struct SlurmEnv {
-    partition: String,
-    rest: Option<(String, String, String)>,
-}
-
-fn slurm_env(test: &str) -> Option<SlurmEnv> {
-    let required = std::env::var("TELA_REQUIRE_SLURM").is_ok_and(|v| v == "1");
-    let skip = |why: String| -> Option<SlurmEnv> {
-        assert!(!required, "{test}: TELA_REQUIRE_SLURM=1 but {why}");
-        println!("skipped: {test}: {why}; start a local Slurm with `.ci/slurm/start.sh` (as root)");
-        None
-    };
-    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("TELA_SLURM")).collect();
-    if !vars.iter().any(|(k, _)| k == "TELA_SLURM_PARTITION") {
-        let file = std::env::var("TELA_SLURM_ENV").unwrap_or_else(|_| "/run/tela-slurm/env".into());
-        if let Ok(text) = std::fs::read_to_string(&file) {
-            vars.extend(text.lines().filter_map(|l| {
-                let (k, v) = l.strip_prefix("export ")?.split_once('=')?;
-                Some((k.trim().to_string(), v.trim().trim_matches('\'').to_string()))
-            }));
-        }
-    }
-    let get = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    let Some(partition) = get("TELA_SLURM_PARTITION") else {
-        return skip("no TELA_SLURM_PARTITION and no env file".into());
-    };
-    match std::process::Command::new("sinfo").args(["-h", "-o", "%a"]).output() {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => return skip(format!("sinfo fails: {}", String::from_utf8_lossy(&out.stderr).trim())),
-        Err(e) => return skip(format!("cannot run sinfo: {e}")),
-    }
-    let rest = match (get("TELA_SLURMRESTD_URL"), get("TELA_SLURM_REST_USER"), get("TELA_SLURM_JWT_FILE")) {
-        (Some(url), Some(user), Some(file)) => Some((url, user, file)),
-        _ => None,
-    };
-    Some(SlurmEnv { partition, rest })
-}
 
 fn free_port() -> u16 {
     // The anchor listens on TCP and UDP (QUIC) with one port number: free for both.
@@ -79,6 +43,7 @@ fn config(env: &SlurmEnv, backend: &str, dir: &Path, anchor: &str) -> String {
         "sbatch" => "kind = \"sbatch\"".to_string(),
         _ => {
             let (url, user, token) = env.rest.clone().expect("slurmrestd settings");
+            let token = token.display();
             format!("kind = \"slurmrest\"\nurl = \"{url}\"\nuser = \"{user}\"\ntoken_file = \"{token}\"")
         }
     };
@@ -247,20 +212,12 @@ async fn scenario(env: &SlurmEnv, backend: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spinning_through_sbatch() {
-    let Some(env) = slurm_env("spinning_through_sbatch") else { return };
+    let Some(env) = slurm_env("spinning_through_sbatch", false) else { return };
     within(400, scenario(&env, "sbatch")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spinning_through_slurmrestd() {
-    let Some(env) = slurm_env("spinning_through_slurmrestd") else { return };
-    if env.rest.is_none() {
-        assert!(
-            std::env::var("TELA_REQUIRE_SLURM").map_or(true, |v| v != "1"),
-            "TELA_REQUIRE_SLURM=1 but slurmrestd is not configured"
-        );
-        println!("skipped: spinning_through_slurmrestd: slurmrestd is not configured");
-        return;
-    }
+    let Some(env) = slurm_env("spinning_through_slurmrestd", true) else { return };
     within(400, scenario(&env, "slurmrest")).await;
 }
