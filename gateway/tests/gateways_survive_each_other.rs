@@ -25,10 +25,6 @@ impl Drop for GatewayProc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 fn spawn_gateway(fed: &Fed, api_port: u16, anchor_port: u16) -> GatewayProc {
     let dir = fed.dir.path();
     let mut child = Command::new(tela())

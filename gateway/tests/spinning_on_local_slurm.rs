@@ -25,17 +25,6 @@ use tela_gateway::config::LoadedConfig;
 use tela_gateway::gateway::Gateway;
 use tela_gateway::spin::SpinSetup;
 
-fn free_port() -> u16 {
-    // The anchor listens on TCP and UDP (QUIC) with one port number: free for both.
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = tcp.local_addr().expect("addr").port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 fn config(env: &SlurmEnv, backend: &str, dir: &Path, anchor: &str) -> String {
     let secret = dir.join("join-secret");
     std::fs::write(&secret, format!("{SECRET}\n")).expect("secret file");

@@ -182,18 +182,6 @@ impl BatchSystem for LocalBatch {
     }
 }
 
-/// A port free on loopback now, for an anchor whose address the job settings must name.
-fn free_port() -> u16 {
-    // The anchor listens on TCP and UDP (QUIC) with one port number: free for both.
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = tcp.local_addr().expect("addr").port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 /// The spin section for models `spun` (the engine simulator) on one small partition.
 fn spin_toml(dir: &Path, anchor: &str, timeout: &str, capacity: usize) -> String {
     let secret = dir.join("join-secret");

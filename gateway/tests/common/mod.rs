@@ -30,6 +30,18 @@ pub const SECRET: &str = "test federation secret";
 /// The model the default engines serve.
 pub const MODEL: &str = "sim-model";
 
+/// A port free on loopback now for both TCP and UDP, for an anchor (QUIC and TCP on one port
+/// number) whose address must be known before it starts.
+pub fn free_port() -> u16 {
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = tcp.local_addr().expect("addr").port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// Bounds a whole test.
 pub async fn within<T>(secs: u64, test: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), test).await.expect("the test did not finish in time")
