@@ -62,12 +62,18 @@ impl RecordUpdate {
         Ok(RecordUpdate { record, encoded })
     }
 
+    /// `record` with the bytes it takes in a datagram already made, when the datagram frames
+    /// it differently from a bare record (Swim mode's piggyback items carry a variant index).
+    pub(crate) fn with_encoding(record: SharedRecord, encoded: Bytes) -> RecordUpdate {
+        RecordUpdate { record, encoded }
+    }
+
     /// The record.
     pub fn record(&self) -> &SharedRecord {
         &self.record
     }
 
-    /// The record's postcard encoding, as it goes on the wire.
+    /// The bytes the record takes on the wire.
     pub fn encoded(&self) -> &Bytes {
         &self.encoded
     }

@@ -49,7 +49,7 @@
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
 //! [`Message::Digest`]: crate::wire::Message::Digest
 
-use crate::broadcast::{BroadcastQueue, Update};
+use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
 use crate::id::NodeId;
 use crate::node::Node;
 use crate::record::{Lifecycle, Reachability, SharedRecord};
@@ -113,27 +113,6 @@ impl Default for SwimSettings {
     }
 }
 
-/// A record queued for piggybacking, with its encoding as a [`Piggyback::Record`].
-#[derive(Clone, Debug)]
-pub(crate) struct QueuedRecord {
-    record: SharedRecord,
-    encoded: Bytes,
-}
-
-impl Update for QueuedRecord {
-    fn key(&self) -> NodeId {
-        self.record.id
-    }
-
-    fn covers(&self, other: &Self) -> bool {
-        self.record.dominates(&other.record)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.encoded.len()
-    }
-}
-
 /// A suspicion queued for piggybacking.
 #[derive(Clone, Debug)]
 pub(crate) struct QueuedSuspicion {
@@ -174,7 +153,7 @@ impl Update for QueuedSuspicion {
 pub(crate) struct SwimState {
     settings: SwimSettings,
     pub(crate) detector: Swim,
-    records: BroadcastQueue<QueuedRecord>,
+    records: BroadcastQueue<RecordUpdate>,
     suspicions: BroadcastQueue<QueuedSuspicion>,
     /// Members suspected here right now.
     suspects: BTreeSet<NodeId>,
@@ -228,7 +207,7 @@ impl Node {
         let mut encoded = Vec::with_capacity(1 + body.len());
         encoded.push(0); // `Piggyback::Record`'s variant index
         encoded.extend_from_slice(&body);
-        st.records.push(QueuedRecord { record, encoded: Bytes::from(encoded) });
+        st.records.push(RecordUpdate::with_encoding(record, Bytes::from(encoded)));
     }
 
     /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it and
@@ -528,7 +507,7 @@ impl Node {
             b.push_encoded(&s.encoded);
         });
         st.records.fill(b.budget(), n, |r| {
-            b.push_encoded(&r.encoded);
+            b.push_encoded(r.encoded());
         });
         if skip_empty && b.is_empty() {
             return;
