@@ -93,3 +93,44 @@ pub fn federation_of(n: u64, seed: u64, config: impl Fn(u64) -> Config) -> Harne
     assert!(h.run_until(LONG, ready), "{n} nodes did not converge (seed {seed})");
     h
 }
+
+/// `n` nodes made by `config` at `loss`, none knowing another but node 1 (every node dialled it,
+/// as nodes dial a gateway); nodes 2..=n serve `llama` (even) or `qwen` (odd).
+pub fn star_serving_two_models(n: u64, seed: u64, loss: f64, config: impl Fn(u64) -> Config) -> Harness {
+    let mut h = Harness::new(seed);
+    h.set_loss(loss);
+    h.set_latency(Duration::from_millis(5));
+    for i in 1..=n {
+        h.add(config(i));
+    }
+    for i in 2..=n {
+        h.connect(id(1), id(i));
+    }
+    for i in 2..=n {
+        serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
+    }
+    h
+}
+
+/// Restarts node `r` of a [`federation_of`] (made by `config`) in the next generation serving
+/// `other` instead of `m`, and checks that the new record replaced the old one everywhere.
+/// Returns the new generation.
+pub fn restart_replaces_the_old_record(h: &mut Harness, r: u64, config: impl Fn(u64) -> Config) -> u64 {
+    let node = id(r);
+    let old = h.node(node).local_record().generation;
+    h.kill(node);
+    // Runtimes start each process in a higher generation (wall-clock milliseconds at start).
+    let mut c = config(r);
+    c.generation = old + 1;
+    h.add(c);
+    h.connect(id(1), node);
+    // The new incarnation serves a different model: the old one must vanish everywhere.
+    serve(h, r, &["other"]);
+    assert!(h.run_until(LONG, |h| agreed_state(h, node) == Some((old + 1, Lifecycle::Serve))));
+    assert!(h.run_until(LONG, views_agree));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [node])));
+    for x in h.running() {
+        assert!(!h.node(x).replica().serving("m").contains(&node), "node {x} still routes m to the old incarnation");
+    }
+    old + 1
+}

@@ -7,19 +7,7 @@ use std::time::Duration;
 use tela_core::harness::Harness;
 
 fn converge(n: u64, seed: u64, loss: f64) {
-    let mut h = Harness::new(seed);
-    h.set_loss(loss);
-    h.set_latency(Duration::from_millis(5));
-    for i in 1..=n {
-        h.add(public(i));
-    }
-    // Nobody knows anybody: every node dialled node 1, as nodes dial a gateway.
-    for i in 2..=n {
-        h.connect(id(1), id(i));
-    }
-    for i in 2..=n {
-        serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
-    }
+    let mut h = star_serving_two_models(n, seed, loss, public);
     let ok = h.run_until(LONG, |h| views_agree(h) && h.running().all(|x| h.node(x).replica().len() == n as usize));
     assert!(ok, "{n} nodes at {loss} loss did not converge within {LONG:?} (seed {seed})");
     // Everyone routes to every serving node.

@@ -9,22 +9,7 @@ use tela_core::{Input, Lifecycle};
 #[test]
 fn restarted_node_replaces_its_old_record_everywhere() {
     let mut h = federation(10, 5);
-    let r = id(6);
-    let old = h.node(r).local_record().generation;
-    h.kill(r);
-    // Runtimes start each process in a higher generation (wall-clock milliseconds at start).
-    let mut c = public(6);
-    c.generation = old + 1;
-    h.add(c);
-    h.connect(id(1), r);
-    // The new incarnation serves a different model: the old one must vanish everywhere.
-    serve(&mut h, 6, &["other"]);
-    assert!(h.run_until(LONG, |h| agreed_state(h, r) == Some((old + 1, Lifecycle::Serve))));
-    assert!(h.run_until(LONG, views_agree));
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [r])));
-    for x in h.running() {
-        assert!(!h.node(x).replica().serving("m").contains(&r), "node {x} still routes m to the old incarnation");
-    }
+    restart_replaces_the_old_record(&mut h, 6, public);
 }
 
 #[test]

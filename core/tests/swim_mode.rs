@@ -14,18 +14,7 @@ fn swim_public(n: u64) -> tela_core::Config {
 }
 
 fn converge(n: u64, seed: u64, loss: f64) {
-    let mut h = Harness::new(seed);
-    h.set_loss(loss);
-    h.set_latency(Duration::from_millis(5));
-    for i in 1..=n {
-        h.add(swim_public(i));
-    }
-    for i in 2..=n {
-        h.connect(id(1), id(i));
-    }
-    for i in 2..=n {
-        serve(&mut h, i, &[if i % 2 == 0 { "llama" } else { "qwen" }]);
-    }
+    let mut h = star_serving_two_models(n, seed, loss, swim_public);
     let started = h.now();
     let ok = h.run_until(LONG, |h| {
         views_agree(h)
@@ -119,22 +108,10 @@ fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
 fn restarted_node_replaces_its_old_record_everywhere() {
     let mut h = federation_of(10, 5, swim_public);
     let r = id(6);
-    let old = h.node(r).local_record().generation;
-    h.kill(r);
-    let mut c = swim_public(6);
-    c.generation = old + 1;
-    h.add(c);
-    h.connect(id(1), r);
-    serve(&mut h, 6, &["other"]);
-    assert!(h.run_until(LONG, |h| agreed_state(h, r) == Some((old + 1, Lifecycle::Serve))));
-    assert!(h.run_until(LONG, views_agree));
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [r])));
-    for x in h.running() {
-        assert!(!h.node(x).replica().serving("m").contains(&r), "node {x} still routes m to the old incarnation");
-    }
+    let generation = restart_replaces_the_old_record(&mut h, 6, swim_public);
     // The new process is probed as the new generation, and nobody confirms it dead.
     h.run_for(Duration::from_secs(60));
-    assert_eq!(agreed_state(&h, r), Some((old + 1, Lifecycle::Serve)));
+    assert_eq!(agreed_state(&h, r), Some((generation, Lifecycle::Serve)));
 }
 
 #[test]
