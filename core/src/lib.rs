@@ -51,7 +51,8 @@
 //! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
 //! two ways of spreading the registry — [`pushpull`] (the default) and [`swim_mode`] (SWIM probing,
-//! built on [`swim`] (failure detection) and [`broadcast`] (piggybacked updates)), chosen with
+//! built on [`swim`] (failure detection), [`broadcast`] (piggybacked updates) and
+//! [`anti_entropy`] (hashed-bucket repair)), chosen with
 //! [`Config::dissemination`] —
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
@@ -60,6 +61,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod anti_entropy;
 pub mod broadcast;
 pub mod cold_start;
 pub mod hardware;

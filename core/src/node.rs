@@ -1,5 +1,6 @@
 //! The node state machine facade: every runtime drives the protocol through [`Node`].
 
+use crate::anti_entropy::AntiEntropy;
 use crate::hardware::Hardware;
 use crate::id::NodeId;
 use crate::lifecycle::Local;
@@ -315,6 +316,7 @@ pub struct Node {
     pub(crate) local: Local,
     pub(crate) gossip: PushPull,
     pub(crate) swim: Option<SwimState>,
+    pub(crate) sync: AntiEntropy,
     pub(crate) stats: Stats,
     pub(crate) exited: bool,
     flips: Vec<(NodeId, bool)>,
@@ -358,6 +360,7 @@ impl Node {
             local: Local::default(),
             gossip: PushPull::default(),
             swim,
+            sync: AntiEntropy::default(),
             stats: Stats::default(),
             exited: false,
             flips: Vec::new(),

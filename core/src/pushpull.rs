@@ -57,14 +57,26 @@ impl Node {
             }
             Message::DigestReply(entries) => self.on_digest(from, &entries),
             Message::Records(records) => {
+                // Many records at once are a bulk transfer (a join, a long separation): news to
+                // this replica, old news to the federation, so they are not gossiped on.
+                self.sync.bulk = records.len() > crate::anti_entropy::BULK_RECORDS;
                 for r in records {
                     self.absorb(r);
                 }
+                self.sync.bulk = false;
             }
             Message::Want(ids) => {
+                // In Swim mode a want comes from an anti-entropy exchange, which asks for whole
+                // buckets; a push-pull want asks for one digest window.
                 let records: Vec<SharedRecord> =
                     ids.iter().filter_map(|id| self.replica.get(id).map(|s| s.record().clone())).collect();
-                self.send_records(from, &records);
+                let cap =
+                    if self.swim.is_some() { crate::anti_entropy::MAX_EXCHANGE_DATAGRAMS } else { MAX_REPLY_DATAGRAMS };
+                self.send_records_up_to(from, &records, cap);
+            }
+            Message::Buckets { count, first, hashes } => self.on_buckets(from, count, first, &hashes),
+            Message::BucketEntries { count, complete, entries } => {
+                self.on_bucket_entries(from, count, &complete, &entries)
             }
             swim @ (Message::Ping { .. }
             | Message::PingReq { .. }
@@ -142,8 +154,13 @@ impl Node {
     }
 
     fn send_records(&mut self, to: NodeId, records: &[SharedRecord]) {
+        self.send_records_up_to(to, records, MAX_REPLY_DATAGRAMS);
+    }
+
+    /// Sends `records` in at most `datagrams` datagrams; the rest are dropped.
+    pub(crate) fn send_records_up_to(&mut self, to: NodeId, records: &[SharedRecord], datagrams: usize) {
         let mut rest = records;
-        for _ in 0..MAX_REPLY_DATAGRAMS {
+        for _ in 0..datagrams {
             if rest.is_empty() {
                 return;
             }

@@ -99,6 +99,29 @@ pub struct Replica {
     view: u64,
     /// Alive slots by the time they would die without news: sweeps touch only what is due.
     expiries: BinaryHeap<Reverse<(Time, u32)>>,
+    /// Anti-entropy hashes: per bucket of node ids, the XOR of [`sync_hash`] of its records.
+    buckets: Box<[u32; BUCKETS]>,
+}
+
+/// Buckets the registry is split into for anti-entropy, by node id; exchanges use this many or
+/// fewer (a power of two), folding neighbours together.
+pub const BUCKETS: usize = 1024;
+
+/// The anti-entropy bucket of `id` when the registry is split into `count` buckets (a power of
+/// two, at most [`BUCKETS`]). Buckets of a smaller count are unions of those of a larger one.
+pub fn bucket_of(id: &NodeId, count: usize) -> usize {
+    debug_assert!(count.is_power_of_two() && count <= BUCKETS);
+    use core::hash::BuildHasher;
+    FixedState::default().hash_one(id) as usize & (count - 1)
+}
+
+/// Hash of what anti-entropy must make equal about one record: the version (with the
+/// heartbeat, which is the incarnation that refutes a suspicion) and the content. Load is left
+/// out: it is not spread in Swim mode.
+pub fn sync_hash(r: &Record) -> u32 {
+    use core::hash::BuildHasher;
+    FixedState::default().hash_one((r.id, r.generation, r.state, r.heartbeat, &r.models, &r.hardware, &r.reach, r.role))
+        as u32
 }
 
 /// Hash of what replicas must agree on about one record: identity, generation, state, models.
@@ -125,6 +148,7 @@ impl Replica {
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
             expiries: BinaryHeap::new(),
+            buckets: Box::new([0; BUCKETS]),
         };
         r.merge(now, Arc::new(local));
         r
@@ -189,6 +213,7 @@ impl Replica {
             let id = incoming.id;
             let alive = incoming.state < Lifecycle::Left;
             self.view ^= view_hash(&incoming);
+            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_hash(&incoming);
             let beat = incoming.heartbeat;
             let stamp = content_stamp(&incoming);
             let slot = Slot {
@@ -223,6 +248,7 @@ impl Replica {
         if (merged.generation, merged.state, &merged.models) != (old.generation, old.state, &old.models) {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
+        self.buckets[bucket_of(&merged.id, BUCKETS)] ^= sync_hash(old) ^ sync_hash(&merged);
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
         slot.changed_at = now;
@@ -264,6 +290,20 @@ impl Replica {
         }
         slot.alive = true;
         self.arm(i);
+        self.refresh(i, None)
+    }
+
+    /// Sets `id`'s liveness as a failure detector judges it (a replica built
+    /// [`Replica::without_expiry`]): a suspected node is not alive, so not routable, until the
+    /// suspicion is lifted here or a newer heartbeat or generation of it is merged. Returns the
+    /// routability flip, if any. The local node and LEFT nodes are left alone.
+    pub fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
+        let i = *self.index.get(id)? as usize;
+        let slot = &mut self.slots[i];
+        if slot.alive == alive || slot.record.id == self.local || slot.record.state == Lifecycle::Left {
+            return None;
+        }
+        slot.alive = alive;
         self.refresh(i, None)
     }
 
@@ -349,6 +389,18 @@ impl Replica {
     /// Kept up to date on every merge, so comparing replicas costs O(1).
     pub fn view_hash(&self) -> u64 {
         self.view
+    }
+
+    /// The anti-entropy hashes of the registry split into `count` buckets (a power of two, at
+    /// most [`BUCKETS`]): bucket `b` is the XOR of [`sync_hash`] over the records whose
+    /// [`bucket_of`] is `b`. Two replicas that hold the same records have the same hashes.
+    pub fn bucket_hashes(&self, count: usize) -> Vec<u32> {
+        let count = count.clamp(1, BUCKETS).next_power_of_two().min(BUCKETS);
+        let mut out = vec![0u32; count];
+        for (i, h) in self.buckets.iter().enumerate() {
+            out[i & (count - 1)] ^= h;
+        }
+        out
     }
 
     /// Every record, sorted by node id: the canonical content for comparing replicas.
@@ -470,5 +522,34 @@ mod tests {
         r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 0, &["b"]));
         assert!(r.serving("a").is_empty());
         assert_eq!(r.serving("b"), &[NodeId::from_u64(1)]);
+    }
+
+    #[test]
+    fn bucket_hashes_agree_for_the_same_records_in_any_order_and_fold_consistently() {
+        let records: Vec<SharedRecord> = (1..200).map(|n| rec(n, 1, Lifecycle::Serve, n % 7, &["m"])).collect();
+        let mut x = replica();
+        let mut y = replica();
+        for r in &records {
+            x.merge(Time::ZERO, r.clone());
+        }
+        for r in records.iter().rev() {
+            y.merge(Time::ZERO, r.clone());
+        }
+        for count in [1, 2, 64, 1024] {
+            assert_eq!(x.bucket_hashes(count), y.bucket_hashes(count));
+            assert_eq!(x.bucket_hashes(count).len(), count);
+        }
+        // A larger count's buckets fold into a smaller count's.
+        let fine = x.bucket_hashes(1024);
+        let coarse = x.bucket_hashes(16);
+        for (b, h) in coarse.iter().enumerate() {
+            assert_eq!(*h, fine.iter().skip(b).step_by(16).fold(0, |a, f| a ^ f));
+        }
+        // A heartbeat (a refutation's incarnation) is a difference, in exactly one bucket.
+        let before = x.bucket_hashes(64);
+        x.merge(Time::ZERO, rec(5, 1, Lifecycle::Serve, 99, &["m"]));
+        let after = x.bucket_hashes(64);
+        let differing: Vec<usize> = (0..64).filter(|&b| before[b] != after[b]).collect();
+        assert_eq!(differing, vec![bucket_of(&NodeId::from_u64(5), 64)]);
     }
 }

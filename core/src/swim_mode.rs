@@ -13,30 +13,37 @@
 //!   records, each from its own [`BroadcastQueue`] (one item per node in each, so a suspicion
 //!   never replaces a record or the other way round), as many as fit below `max_datagram`;
 //! - spreads only changes: its own record whenever it changes, and every merged record that was
-//!   news. The heartbeat is no longer bumped on a timer; it moves with the owner's changes and
+//!   news, unless it came in a bulk transfer (a joining node pulling the registry, which is old
+//!   news to everyone else). The heartbeat is no longer bumped on a timer; it moves with the owner's changes and
 //!   with refutations, so within a generation it is the SWIM incarnation. A suspected node
 //!   refutes by bumping its heartbeat above the suspected one and spreading its record;
 //! - sends a piggyback-only [`Message::Gossip`] to `gossip_fanout` random peers every
 //!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
-//!   probes (and the anti-entropy below) alone;
+//!   probes (and the anti-entropy below) alone. Nobody but its anchors can send to an
+//!   outbound-only node, so it pulls: with nothing to spread it sends an empty gossip datagram
+//!   to one peer each round, and a gossip datagram from an outbound-only node is answered with
+//!   the receiver's news, if it has any;
 //! - makes sure a suspect hears of its suspicion, since the epidemic can miss it (an
 //!   outbound-only node hears only from its anchors): the suspecter tells a reachable suspect
 //!   directly when the suspicion starts and once a second while it runs, and repeats its running
 //!   suspicions on its pings. A node that receives a suspicion older than the record it holds
 //!   (or is) answers the sender with that record, so a node that missed a refutation learns of
 //!   it from the next peer it talks to;
-//! - runs one push-pull exchange ([`Message::Digest`]) with a random peer every
-//!   `anti_entropy_interval`, and one with every peer that connects (a joining node learns the
-//!   registry this way), so that partitions heal and whatever piggybacking missed is repaired.
-//!   At 10,000 nodes the per-node digest window makes a full pass slow; an exchange of hashed
-//!   buckets of the registry over a stream is meant to take this exchange's place, with the rest
-//!   of Swim mode unchanged.
+//! - runs one anti-entropy exchange of hashed buckets ([`crate::anti_entropy`]) with a random
+//!   peer every `anti_entropy_interval`, and one with every peer that connects (a joining node
+//!   learns the registry this way), each going on with the same peer while it finds
+//!   differences, so that partitions heal and whatever piggybacking missed is repaired;
+//! - answers a datagram from a node it holds DOWN in that node's current generation with the
+//!   DOWN record (at most once per [`NOTICE_INTERVAL`] per node), so a node confirmed failed
+//!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
 //!
 //! Liveness comes from the detector's standing, not from heartbeats: the replica is built
 //! [`Replica::without_expiry`], no sweep runs, and a node stops being routable when its record
-//! turns DOWN (confirmed failure, drain, engine failure) or LEFT. A suspected node stays routable
-//! until the suspicion is confirmed; a request sent to it meanwhile fails over to another node
-//! before its first byte.
+//! turns DOWN (confirmed failure, drain, engine failure) or LEFT. A node suspected here (by this
+//! node's probes or by a suspicion gossiped to it) is not routable while the suspicion runs
+//! ([`Replica::set_alive`]): a node that died silently stops getting requests after one failed
+//! probe round and the gossip of it, not after the whole suspicion timeout. A refutation (a
+//! higher heartbeat) makes it routable again at once.
 //!
 //! Outbound-only nodes are probed only by peers holding a connection to them, which vouch for
 //! them ([`Swim::set_voucher`]): suspicions of them from anyone else are dropped while a
@@ -46,8 +53,8 @@
 //! routing reads load from the gateway's own accounting.
 //!
 //! [`Replica::without_expiry`]: crate::replica::Replica::without_expiry
+//! [`Replica::set_alive`]: crate::replica::Replica::set_alive
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
-//! [`Message::Digest`]: crate::wire::Message::Digest
 
 use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
 use crate::id::NodeId;
@@ -94,13 +101,13 @@ pub struct SwimSettings {
     pub retransmit_mult: u32,
     /// Most updates each broadcast queue holds.
     pub queue_capacity: usize,
-    /// Time between push-pull exchanges with one random peer.
+    /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
     pub anti_entropy_interval: Duration,
 }
 
 impl Default for SwimSettings {
     /// The detector's defaults (1 s periods), gossip every 200 ms to 3 peers while there is news,
-    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 30 s.
+    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s.
     fn default() -> SwimSettings {
         SwimSettings {
             detector: SwimConfig::default(),
@@ -108,7 +115,7 @@ impl Default for SwimSettings {
             gossip_fanout: 3,
             retransmit_mult: 4,
             queue_capacity: 4096,
-            anti_entropy_interval: Duration::from_secs(30),
+            anti_entropy_interval: Duration::from_secs(10),
         }
     }
 }
@@ -159,6 +166,8 @@ pub(crate) struct SwimState {
     suspects: BTreeSet<NodeId>,
     /// When the suspects are next told of their suspicion directly.
     next_notice: Time,
+    /// Nodes held DOWN that were sent their DOWN record, and when; pruned as it grows.
+    told_down: Vec<(NodeId, Time)>,
 }
 
 impl SwimState {
@@ -170,6 +179,7 @@ impl SwimState {
             suspicions: BroadcastQueue::new(lambda, settings.queue_capacity),
             suspects: BTreeSet::new(),
             next_notice: now,
+            told_down: Vec::new(),
             detector,
             settings,
         }
@@ -217,7 +227,9 @@ impl Node {
         let record = slot.record().clone();
         let probeable = self.reachable(&record);
         let vouch = record.reach == Reachability::OutboundOnly && self.connected.binary_search(&id).is_ok();
-        self.queue_record(record.clone());
+        if !self.sync.bulk {
+            self.queue_record(record.clone());
+        }
         let (now, me) = (self.now, self.config.id);
         let Some(st) = self.swim.as_mut() else { return };
         if record.state >= Lifecycle::Down || before.is_some_and(|g| g != record.generation) {
@@ -258,8 +270,9 @@ impl Node {
         let (now, me) = (self.now, self.config.id);
         let record = self.replica.get(&peer).map(|s| s.record().clone());
         if up {
-            // Joining (or rejoining) the registry: one push-pull exchange at once.
-            self.send_digest(peer, false);
+            // Joining (or rejoining) the registry: an anti-entropy exchange at once, which goes
+            // on with this peer until the registries agree.
+            self.start_sync(peer);
         }
         let Some(record) = record.filter(|r| r.state < Lifecycle::Down) else { return };
         let probeable = self.reachable(&record);
@@ -285,8 +298,12 @@ impl Node {
             Message::Ack { seq, piggyback } => (Some((2, seq, None)), piggyback),
             Message::Nack { seq, piggyback } => (Some((3, seq, None)), piggyback),
             Message::Gossip(piggyback) => (None, piggyback),
-            other => return self.handle_message(from, other),
+            other => {
+                self.tell_if_down(from);
+                return self.handle_message(from, other);
+            }
         };
+        self.tell_if_down(from);
         let mut corrections: Vec<SharedRecord> = Vec::new();
         for item in piggyback {
             match item {
@@ -299,6 +316,10 @@ impl Node {
             }
         }
         self.send_corrections(from, &corrections);
+        if probe.is_none() && self.replica.get(&from).is_some_and(|s| s.record().reach == Reachability::OutboundOnly) {
+            // Gossip from a node only its anchors can send to is also its pull: answer with news.
+            self.send_probe(from, ProbeBuilder::gossip(self.config.max_datagram), None, true);
+        }
         let Some(st) = self.swim.as_mut() else { return };
         match probe {
             Some((0, seq, _)) => st.detector.on_ping(now, from, seq),
@@ -347,6 +368,24 @@ impl Node {
         None
     }
 
+    /// `from` sent us something while we hold it DOWN in its current generation: if it does not
+    /// know (it was confirmed failed while cut off), its DOWN record makes it refute at once.
+    /// Draining nodes know, so each node is told at most once per [`NOTICE_INTERVAL`].
+    fn tell_if_down(&mut self, from: NodeId) {
+        let Some(record) = self.replica.get(&from).map(|s| s.record().clone()) else { return };
+        if record.state != Lifecycle::Down {
+            return;
+        }
+        let now = self.now;
+        let Some(st) = self.swim.as_mut() else { return };
+        if st.told_down.iter().any(|(id, at)| *id == from && now < *at + NOTICE_INTERVAL) {
+            return;
+        }
+        st.told_down.retain(|(id, at)| *id != from && now < *at + NOTICE_INTERVAL);
+        st.told_down.push((from, now));
+        self.send_corrections(from, &[record]);
+    }
+
     /// Answers stale suspicions with the records that refute them, in one gossip datagram.
     fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) {
         if records.is_empty() {
@@ -380,6 +419,11 @@ impl Node {
                         let b = ProbeBuilder::gossip(self.config.max_datagram);
                         self.send_probe(peer, b, None, true);
                     }
+                } else if self.config.reach == Reachability::OutboundOnly {
+                    // Nobody can gossip to us but our anchors: pull from a peer instead.
+                    if let Some(peer) = self.pick_peers(1).pop() {
+                        self.transmit(peer, ProbeBuilder::gossip(self.config.max_datagram).finish());
+                    }
                 }
                 for id in notice.unwrap_or_default() {
                     self.notify_suspect(id);
@@ -388,10 +432,7 @@ impl Node {
             }
             Timer::AntiEntropy => {
                 let interval = st.settings.anti_entropy_interval;
-                if let Some(peer) = self.pick_peers(1).pop() {
-                    self.send_digest(peer, false);
-                }
-                self.timers.set(Timer::AntiEntropy, self.now + interval);
+                self.sync_round(interval);
             }
             _ => return false,
         }
@@ -442,9 +483,17 @@ impl Node {
                         st.suspects.insert(id);
                         self.stats.suspicions_raised += 1;
                         self.notify_suspect(id);
+                        // A suspect gets no new requests while the suspicion runs: a request
+                        // sent to a node that has died would only fail over later.
+                        if let Some(flip) = self.replica.set_alive(&id, false) {
+                            self.emit_routable(id, flip);
+                        }
                     }
                     SwimEvent::Alive(id) => {
                         st.suspects.remove(&id);
+                        if let Some(flip) = self.replica.set_alive(&id, true) {
+                            self.emit_routable(id, flip);
+                        }
                     }
                 }
                 continue;

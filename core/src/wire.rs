@@ -80,6 +80,40 @@ pub enum Message {
     },
     /// Updates only, sent to a few random peers while there is news to spread.
     Gossip(Vec<Piggyback>),
+    /// Anti-entropy, first step: the sender's hashes of buckets `first..first + hashes.len()`
+    /// of its registry split into `count` buckets by node id
+    /// ([`crate::replica::Replica::bucket_hashes`]). The receiver answers the buckets that
+    /// differ with a [`Message::BucketEntries`].
+    Buckets {
+        /// Buckets the registry is split into: a power of two, at most
+        /// [`crate::replica::BUCKETS`].
+        count: u16,
+        /// The bucket of the first hash.
+        first: u16,
+        /// One hash per bucket, little-endian.
+        hashes: Vec<[u8; 4]>,
+    },
+    /// Anti-entropy, second step: which record versions the sender holds in buckets whose hashes
+    /// differed. The receiver sends the records it holds differently and asks for the others.
+    BucketEntries {
+        /// As in the [`Message::Buckets`] answered.
+        count: u16,
+        /// Buckets all of whose records are listed here: a record of one of these buckets that is
+        /// not listed is one the sender lacks.
+        complete: Vec<u16>,
+        /// The sender's records in those buckets (and maybe part of another).
+        entries: Vec<BucketEntry>,
+    },
+}
+
+/// One record in a [`Message::BucketEntries`]: its node and its
+/// [`crate::replica::sync_hash`] at the sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketEntry {
+    /// The node.
+    pub id: NodeId,
+    /// The sender's [`crate::replica::sync_hash`] of its record, little-endian.
+    pub hash: [u8; 4],
 }
 
 /// One update piggybacked on a SWIM message.
@@ -110,7 +144,12 @@ impl Message {
             | Message::Ack { piggyback, .. }
             | Message::Nack { piggyback, .. }
             | Message::Gossip(piggyback) => piggyback,
-            Message::Digest(_) | Message::Records(_) | Message::Want(_) | Message::DigestReply(_) => &[],
+            Message::Digest(_)
+            | Message::Records(_)
+            | Message::Want(_)
+            | Message::DigestReply(_)
+            | Message::Buckets { .. }
+            | Message::BucketEntries { .. } => &[],
         }
     }
 }
@@ -136,6 +175,10 @@ pub enum DecodeError {
     /// A record breaks the wire limits.
     #[error("invalid record: {0}")]
     InvalidRecord(#[from] InvalidRecord),
+    /// An anti-entropy message names a bucket count that is not a power of two up to
+    /// [`crate::replica::BUCKETS`], or buckets beyond it.
+    #[error("anti-entropy buckets out of range: {0}")]
+    Buckets(&'static str),
 }
 
 /// Decodes one datagram.
@@ -151,10 +194,25 @@ pub fn decode(datagram: &[u8]) -> Result<Message, DecodeError> {
     if !rest.is_empty() {
         return Err(DecodeError::TrailingBytes(rest.len()));
     }
-    if let Message::Records(records) = &msg {
-        for r in records {
-            r.validate()?;
+    match &msg {
+        Message::Records(records) => {
+            for r in records {
+                r.validate()?;
+            }
         }
+        Message::Buckets { count, first, hashes } => {
+            check_bucket_count(*count)?;
+            if usize::from(*first) + hashes.len() > usize::from(*count) {
+                return Err(DecodeError::Buckets("hashes run past the bucket count"));
+            }
+        }
+        Message::BucketEntries { count, complete, .. } => {
+            check_bucket_count(*count)?;
+            if complete.iter().any(|b| b >= count) {
+                return Err(DecodeError::Buckets("a complete bucket is past the bucket count"));
+            }
+        }
+        _ => {}
     }
     for item in msg.piggyback() {
         if let Piggyback::Record(r) = item {
@@ -162,6 +220,85 @@ pub fn decode(datagram: &[u8]) -> Result<Message, DecodeError> {
         }
     }
     Ok(msg)
+}
+
+/// Most hashes in one [`Message::Buckets`]: 256 four-byte hashes and the header stay under
+/// 1,100 bytes.
+pub const MAX_BUCKET_HASHES: usize = 256;
+
+/// Encodes a [`Message::Buckets`] of at most [`MAX_BUCKET_HASHES`] hashes (more are cut off).
+pub fn encode_buckets(count: u16, first: u16, hashes: &[u32]) -> Bytes {
+    let hashes = hashes[..hashes.len().min(MAX_BUCKET_HASHES)].iter().map(|h| h.to_le_bytes()).collect();
+    let bytes = encode_unbounded(&Message::Buckets { count, first, hashes });
+    debug_assert!(bytes.len() <= MAX_DATAGRAM);
+    Bytes::from(bytes)
+}
+
+/// Packs a [`Message::BucketEntries`] below a datagram limit, bucket by bucket.
+#[derive(Debug)]
+pub struct EntriesBuilder {
+    limit: usize,
+    count: u16,
+    complete: Vec<u16>,
+    entries: Vec<BucketEntry>,
+}
+
+impl EntriesBuilder {
+    /// Largest encoded size of the fixed part: version, tag, count, two list lengths.
+    const HEAD: usize = 2 + 3 + 2 + 2;
+    /// Encoded size of one entry: 16 id bytes and 4 hash bytes.
+    const ENTRY: usize = 20;
+
+    /// A builder for `count` buckets and datagrams of at most `limit` bytes.
+    pub fn new(limit: usize, count: u16) -> EntriesBuilder {
+        EntriesBuilder { limit: limit.clamp(64, MAX_DATAGRAM), count, complete: Vec::new(), entries: Vec::new() }
+    }
+
+    fn size_with(&self, buckets: usize, entries: usize) -> usize {
+        Self::HEAD + 3 * (self.complete.len() + buckets) + Self::ENTRY * (self.entries.len() + entries)
+    }
+
+    /// Adds all of `bucket`'s entries if they fit (true), or nothing (false).
+    pub fn push_bucket(&mut self, bucket: u16, entries: &[BucketEntry]) -> bool {
+        if self.size_with(1, entries.len()) > self.limit {
+            return false;
+        }
+        self.complete.push(bucket);
+        self.entries.extend_from_slice(entries);
+        true
+    }
+
+    /// Adds as many of `entries` as fit without marking their bucket complete; returns how many.
+    pub fn push_partial(&mut self, entries: &[BucketEntry]) -> usize {
+        let room = self.limit.saturating_sub(self.size_with(0, 0)) / Self::ENTRY;
+        let n = room.min(entries.len());
+        self.entries.extend_from_slice(&entries[..n]);
+        n
+    }
+
+    /// True when nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.complete.is_empty()
+    }
+
+    /// The datagram.
+    pub fn finish(self) -> Bytes {
+        let bytes = encode_unbounded(&Message::BucketEntries {
+            count: self.count,
+            complete: self.complete,
+            entries: self.entries,
+        });
+        debug_assert!(bytes.len() <= self.limit, "{} > {}", bytes.len(), self.limit);
+        Bytes::from(bytes)
+    }
+}
+
+fn check_bucket_count(count: u16) -> Result<(), DecodeError> {
+    if count.is_power_of_two() && usize::from(count) <= crate::replica::BUCKETS {
+        Ok(())
+    } else {
+        Err(DecodeError::Buckets("the bucket count is not a power of two up to 1024"))
+    }
 }
 
 /// Items that a [`Builder`] can pack, each tied to its [`Message`] variant.
@@ -593,6 +730,46 @@ mod tests {
             let d = b.finish();
             prop_assert!(d.len() <= limit.min(MAX_DATAGRAM));
             prop_assert_eq!(decode(&d).unwrap(), Message::Want((0..k as u64).map(NodeId::from_u64).collect()));
+        }
+    }
+
+    #[test]
+    fn anti_entropy_messages_stay_under_the_limit_and_bad_bucket_counts_are_refused() {
+        let hashes: Vec<u32> = (0..1024u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let d = encode_buckets(1024, 768, &hashes);
+        assert!(d.len() <= MAX_DATAGRAM, "{} bytes", d.len());
+        match decode(&d).expect("decodes") {
+            Message::Buckets { count, first, hashes: h } => {
+                assert_eq!((count, first, h.len()), (1024, 768, MAX_BUCKET_HASHES));
+                assert_eq!(u32::from_le_bytes(h[1]), hashes[1]);
+            }
+            other => panic!("{other:?}"),
+        }
+        for (count, first, n) in [(1000u16, 0u16, 1usize), (2048, 0, 1), (0, 0, 0), (64, 60, 8)] {
+            let bytes = encode_unbounded(&Message::Buckets { count, first, hashes: vec![[0; 4]; n] });
+            assert!(matches!(decode(&bytes), Err(DecodeError::Buckets(_))), "{count} {first} {n}");
+        }
+        let bad = encode_unbounded(&Message::BucketEntries { count: 8, complete: vec![8], entries: vec![] });
+        assert!(matches!(decode(&bad), Err(DecodeError::Buckets(_))));
+
+        let entries: Vec<BucketEntry> =
+            (0..200u64).map(|n| BucketEntry { id: NodeId::from_u64(n), hash: (n as u32).to_le_bytes() }).collect();
+        for limit in [256, 300, MAX_DATAGRAM] {
+            let mut b = EntriesBuilder::new(limit, 1024);
+            let mut bucket = 0u16;
+            while b.push_bucket(bucket, &entries[..3]) {
+                bucket += 1;
+            }
+            let partial = b.push_partial(&entries);
+            let d = b.finish();
+            assert!(d.len() <= limit, "{} > {limit}", d.len());
+            match decode(&d).expect("decodes") {
+                Message::BucketEntries { complete, entries: e, .. } => {
+                    assert_eq!(complete.len(), usize::from(bucket));
+                    assert_eq!(e.len(), 3 * usize::from(bucket) + partial);
+                }
+                other => panic!("{other:?}"),
+            }
         }
     }
 }

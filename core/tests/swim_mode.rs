@@ -51,6 +51,24 @@ fn fifty_nodes_converge_under_5_percent_loss() {
 }
 
 #[test]
+fn a_node_joining_a_formed_federation_pulls_the_registry_by_anti_entropy() {
+    // 100 nodes agree; a new outbound-only node dials node 1 and, from that one connection,
+    // pulls every record in bucket exchanges that follow each other while they find
+    // differences, long before the 10 s anti-entropy interval would come round again.
+    const N: u64 = 100;
+    let mut h = star_serving_two_models(N, 3, 0.01, swim_public);
+    assert!(h.run_until(LONG, views_agree), "the federation did not form");
+    let joined = h.now();
+    let late = tela_core::NodeId::from_u64(N + 1);
+    h.add(swim(tela_core::Config::new(late, 1)));
+    h.connect(late, id(1));
+    let ok = h.run_until(Duration::from_secs(8), |h| h.node(late).replica().len() == N as usize + 1);
+    assert!(ok, "the new node holds {} of {} records", h.node(late).replica().len(), N + 1);
+    eprintln!("a node joining {N} pulled the registry in {:?}", h.now() - joined);
+    assert!(h.run_until(LONG, views_agree), "the new node's record did not spread");
+}
+
+#[test]
 fn a_crashed_node_is_confirmed_down_by_everyone_within_the_bound() {
     const N: u64 = 10;
     let detector = SwimConfig::default();

@@ -1,0 +1,256 @@
+//! Anti-entropy by hashed buckets: what repairs whatever piggybacking missed, heals partitions
+//! and brings a joining node the registry.
+//!
+//! The registry is split into buckets by node id ([`bucket_of`]); each replica keeps, per
+//! bucket, the XOR of a hash of every record's version and content ([`sync_hash`]), updated on
+//! every merge. An exchange between an initiator A and a peer B:
+//!
+//! 1. A sends its bucket hashes ([`Message::Buckets`]; `count` buckets, a power of two chosen
+//!    from the registry's size so that a bucket holds about [`RECORDS_PER_BUCKET`] records, at
+//!    most 256 hashes a datagram);
+//! 2. B compares them with its own and answers the buckets that differ with the (id, hash) of
+//!    each record it holds there ([`Message::BucketEntries`], at most [`MAX_EXCHANGE_DATAGRAMS`]
+//!    datagrams);
+//! 3. A sends B the records it holds differently or B lacks ([`Message::Records`]) and asks for
+//!    the ones it lacks or holds differently ([`Message::Want`]); both merge what they get,
+//!    so whichever side was behind catches up.
+//!
+//! Equal registries cost one datagram of hashes per 256 buckets and nothing else, at any size.
+//! When an exchange found many differences (a joining node, a healed partition) the initiator
+//! runs the next one with the same peer after [`FOLLOW_UP`] instead of a full interval, so a
+//! registry of any size streams over in bounded datagrams until the hashes agree. A node
+//! answers at most [`MAX_SERVED_PER_SECOND`] exchanges a second and ignores the rest, which
+//! caps the work a crowd of joiners can put on one anchor.
+//!
+//! Both sides hash with the same function ([`sync_hash`]), fixed for a given wire version.
+
+use crate::id::NodeId;
+use crate::node::Node;
+use crate::replica::{bucket_of, sync_hash, BUCKETS};
+use crate::time::Time;
+use crate::timer::Timer;
+use crate::wire::{encode_buckets, BucketEntry, Builder, EntriesBuilder, MAX_BUCKET_HASHES};
+use core::time::Duration;
+use std::collections::BTreeMap;
+
+/// Records per bucket the bucket count aims at.
+pub const RECORDS_PER_BUCKET: usize = 16;
+/// Most datagrams of entries, records or wants one side sends in one exchange.
+pub const MAX_EXCHANGE_DATAGRAMS: usize = 8;
+/// Delay before the next exchange with the same peer when the last one found differences.
+pub const FOLLOW_UP: Duration = Duration::from_millis(250);
+/// A [`crate::wire::Message::Records`] of more records than this is a bulk transfer, whose
+/// news Swim mode does not piggyback on (see [`crate::swim_mode`]).
+pub const BULK_RECORDS: usize = 3;
+/// Records found differing in one exchange above which the next exchange with the same peer
+/// follows after [`FOLLOW_UP`].
+pub const FOLLOW_UP_RECORDS: usize = 16;
+/// Exchanges a node answers per second; more are ignored.
+pub const MAX_SERVED_PER_SECOND: u32 = 8;
+
+/// Bucket count for a registry of `n` records exchanged in datagrams of `max_datagram` bytes: a
+/// power of two, at most [`BUCKETS`], with about [`RECORDS_PER_BUCKET`] records a bucket, fewer
+/// if need be so that a bucket's entries fill at most half a datagram.
+pub fn bucket_count(n: usize, max_datagram: usize) -> usize {
+    let per_datagram = max_datagram.saturating_sub(32) / 20;
+    let per_bucket = RECORDS_PER_BUCKET.min(per_datagram / 2).max(1);
+    (n / per_bucket).clamp(1, BUCKETS).next_power_of_two().min(BUCKETS)
+}
+
+/// An exchange's state at one node.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AntiEntropy {
+    /// The peer of the next exchange, when the last one with it found differences.
+    follow_up: Option<NodeId>,
+    /// Start of the current one-second window of answered exchanges, and how many.
+    window: Option<Time>,
+    served: u32,
+    /// Set while the records of a bulk transfer are merged.
+    pub(crate) bulk: bool,
+}
+
+impl Node {
+    /// Starts an exchange with `peer`: sends it this replica's bucket hashes.
+    pub(crate) fn start_sync(&mut self, peer: NodeId) {
+        let count = bucket_count(self.replica.len(), self.config.max_datagram);
+        let hashes = self.replica.bucket_hashes(count);
+        for (i, chunk) in hashes.chunks(MAX_BUCKET_HASHES).enumerate() {
+            let first = (i * MAX_BUCKET_HASHES) as u16;
+            self.transmit(peer, encode_buckets(count as u16, first, chunk));
+        }
+    }
+
+    /// The anti-entropy timer fired: an exchange with the follow-up peer or a random one.
+    pub(crate) fn sync_round(&mut self, interval: Duration) {
+        let peer = self.sync.follow_up.take().or_else(|| self.pick_peers(1).pop());
+        if let Some(peer) = peer {
+            self.start_sync(peer);
+        }
+        self.timers.set(Timer::AntiEntropy, self.now + interval);
+    }
+
+    /// Step 2: a peer's bucket hashes; answer those that differ with our entries.
+    pub(crate) fn on_buckets(&mut self, from: NodeId, count: u16, first: u16, hashes: &[[u8; 4]]) {
+        if !self.may_serve() {
+            return;
+        }
+        let count_usize = usize::from(count);
+        let mine = self.replica.bucket_hashes(count_usize);
+        let differing: Vec<u16> = hashes
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (usize::from(first) + i, u32::from_le_bytes(*h)))
+            .filter(|&(b, h)| mine.get(b).is_some_and(|m| *m != h))
+            .map(|(b, _)| b as u16)
+            .collect();
+        if differing.is_empty() {
+            return;
+        }
+        let by_bucket = self.entries_of(count_usize, &differing);
+        let limit = self.config.max_datagram;
+        let mut sent = 0;
+        let mut b = EntriesBuilder::new(limit, count);
+        for bucket in differing {
+            let entries = by_bucket.get(&bucket).map_or(&[][..], Vec::as_slice);
+            if b.push_bucket(bucket, entries) {
+                continue;
+            }
+            if !b.is_empty() {
+                self.transmit(from, core::mem::replace(&mut b, EntriesBuilder::new(limit, count)).finish());
+                sent += 1;
+                if sent == MAX_EXCHANGE_DATAGRAMS {
+                    return;
+                }
+                if b.push_bucket(bucket, entries) {
+                    continue;
+                }
+            }
+            // A bucket too big for a datagram: send what fits from a random place in it (so
+            // that repeated exchanges cover all of it); the peer cannot infer absences.
+            let start = {
+                use rand::Rng;
+                self.rng.random_range(0..entries.len().max(1))
+            };
+            let rotated: Vec<BucketEntry> = entries[start..].iter().chain(&entries[..start]).copied().collect();
+            b.push_partial(&rotated);
+            self.transmit(from, core::mem::replace(&mut b, EntriesBuilder::new(limit, count)).finish());
+            sent += 1;
+            if sent == MAX_EXCHANGE_DATAGRAMS {
+                return;
+            }
+        }
+        if !b.is_empty() {
+            self.transmit(from, b.finish());
+        }
+    }
+
+    /// Step 3: a peer's entries of differing buckets; send what it lacks, ask for what we lack.
+    pub(crate) fn on_bucket_entries(&mut self, from: NodeId, count: u16, complete: &[u16], entries: &[BucketEntry]) {
+        let count = usize::from(count);
+        let theirs: hashbrown::HashMap<NodeId, u32> =
+            entries.iter().map(|e| (e.id, u32::from_le_bytes(e.hash))).collect();
+        let limit = self.config.max_datagram;
+        // Ask for what we lack or hold differently.
+        let mut wants = Vec::new();
+        let mut want = Builder::<NodeId>::new(limit);
+        let mut want_count = 0;
+        for e in entries {
+            let differs = self.replica.get(&e.id).map_or(true, |s| sync_hash(s.record()) != u32::from_le_bytes(e.hash));
+            if differs && e.id != self.config.id {
+                want_count += 1;
+                if !want.push(&e.id) {
+                    wants.push(core::mem::replace(&mut want, Builder::new(limit)).finish());
+                    let _ = want.push(&e.id);
+                }
+            }
+        }
+        if !want.is_empty() {
+            wants.push(want.finish());
+        }
+        // Send what it lacks or holds differently, in the buckets it listed whole, and the
+        // records it listed that we hold differently.
+        let complete: std::collections::BTreeSet<u16> = complete.iter().copied().collect();
+        let mut records = Vec::new();
+        for slot in self.replica.slots() {
+            let r = slot.record();
+            let listed = theirs.get(&r.id);
+            let send = match listed {
+                Some(h) => *h != sync_hash(r),
+                None => complete.contains(&(bucket_of(&r.id, count) as u16)),
+            };
+            if send {
+                records.push(r.clone());
+            }
+        }
+        let differing = want_count + records.len();
+        for datagram in wants.into_iter().take(MAX_EXCHANGE_DATAGRAMS) {
+            self.transmit(from, datagram);
+        }
+        self.send_records_up_to(from, &records, MAX_EXCHANGE_DATAGRAMS);
+        if differing > FOLLOW_UP_RECORDS && self.sync.follow_up.is_none() {
+            // A bulk difference (a join, a healed partition): keep going with this peer soon.
+            // A few records differing is the normal state of a federation with changes in
+            // flight; the next exchange at the usual interval will do.
+            self.sync.follow_up = Some(from);
+            let soon = self.now + FOLLOW_UP;
+            if self.timers.get(Timer::AntiEntropy).map_or(true, |at| at > soon) {
+                self.timers.set(Timer::AntiEntropy, soon);
+            }
+        }
+    }
+
+    /// Our (id, hash) entries of the given buckets, grouped by bucket, in slot order.
+    fn entries_of(&self, count: usize, buckets: &[u16]) -> BTreeMap<u16, Vec<BucketEntry>> {
+        let mut wanted = vec![false; count];
+        for &b in buckets {
+            wanted[usize::from(b)] = true;
+        }
+        let mut out: BTreeMap<u16, Vec<BucketEntry>> = BTreeMap::new();
+        for slot in self.replica.slots() {
+            let r = slot.record();
+            let b = bucket_of(&r.id, count);
+            if wanted[b] {
+                out.entry(b as u16).or_default().push(BucketEntry { id: r.id, hash: sync_hash(r).to_le_bytes() });
+            }
+        }
+        out
+    }
+
+    /// Counts one answered exchange; false when this second's allowance is spent.
+    fn may_serve(&mut self) -> bool {
+        let now = self.now;
+        match self.sync.window {
+            Some(start) if now < start + Duration::from_secs(1) => {
+                if self.sync.served >= MAX_SERVED_PER_SECOND {
+                    return false;
+                }
+                self.sync.served += 1;
+            }
+            _ => {
+                self.sync.window = Some(now);
+                self.sync.served = 1;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_counts_are_powers_of_two_of_about_sixteen_records_or_half_a_datagram() {
+        let full = crate::wire::MAX_DATAGRAM;
+        assert_eq!(bucket_count(1, full), 1);
+        assert_eq!(bucket_count(100, full), 8);
+        assert_eq!(bucket_count(1_000, full), 64);
+        assert_eq!(bucket_count(10_000, full), 1024);
+        assert_eq!(bucket_count(1_000_000, full), BUCKETS);
+        // A small datagram takes 13 entries: buckets of 6.
+        assert_eq!(bucket_count(40, 300), 8);
+        for n in 0..5_000 {
+            assert!(bucket_count(n, full).is_power_of_two() && bucket_count(n, 256).is_power_of_two());
+        }
+    }
+}
