@@ -24,7 +24,10 @@
 //! scenario's bound. Same scenario and seed give the same event trace and the same `hash`.
 //!
 //! Drive it from the command line (`tela-sim run smoke-100 --seed 7 --report r.json --plot
-//! out/`) or from code:
+//! out/`) or from code. Two environment variables print more to stderr: `TELA_SIM_DEBUG` how
+//! replicas differ when a liveness phase fails, `TELA_SIM_TRACE` every tracked change with its
+//! spreading curve, datagrams and bytes by message kind, and the bandwidth every 5 s.
+//!
 //!
 //! ```
 //! use tela_sim::{Limits, Scenario, Sim};

@@ -311,6 +311,13 @@ impl Sim {
             }
         }
         self.now = self.now.min(self.end);
+        if std::env::var_os("TELA_SIM_TRACE").is_some() {
+            for (tag, (n, bytes)) in self.t.by_tag.iter().enumerate().filter(|(_, e)| e.0 > 0) {
+                eprintln!("tag {tag}: {n} datagrams, {bytes} bytes");
+            }
+            let per_node: Vec<u64> = self.t.per_second.iter().step_by(5).map(|b| b / self.hosts.len() as u64).collect();
+            eprintln!("bytes/s per node every 5 s: {per_node:?}");
+        }
         crate::report::Report::build(&self, self.started.elapsed().as_secs_f64())
     }
 
@@ -438,6 +445,12 @@ impl Sim {
             return;
         }
         self.t.on_send(self.now, len);
+        if std::env::var_os("TELA_SIM_TRACE").is_some() {
+            let tag = payload.get(1).copied().unwrap_or(255) as usize;
+            let e = &mut self.t.by_tag[tag.min(15)];
+            e.0 += 1;
+            e.1 += len as u64;
+        }
         let to = host_of(&to);
         if to as usize >= self.hosts.len() {
             self.fail(format!("node {} sent to unknown node {to}", id_of(from)));

@@ -142,6 +142,8 @@ pub(crate) struct Trackers {
     own_last: Vec<Option<(u64, Lifecycle)>>,
     pub liveness_started: Option<Micros>,
     pub liveness_converged: Option<Micros>,
+    /// Datagrams and bytes by message tag (with TELA_SIM_TRACE).
+    pub by_tag: [(u64, u64); 16],
 }
 
 impl Trackers {
@@ -260,6 +262,16 @@ impl Trackers {
         while i < self.changes.len() {
             if self.changes[i].remaining == 0 {
                 let c = self.changes.swap_remove(i);
+                if std::env::var_os("TELA_SIM_TRACE").is_some() {
+                    eprintln!(
+                        "change of {} {:?} at {:.3}s: {:.0} ms {:?}",
+                        c.owner,
+                        c.version,
+                        c.t0 as f64 / 1e6,
+                        (now - c.t0) as f64 / 1e3,
+                        c.curve.iter().step_by(8).collect::<Vec<_>>()
+                    );
+                }
                 self.convergence_ms.push((now - c.t0) as f64 / 1e3);
                 if self.curves.len() < 400 {
                     self.curves.push(Curve { points: c.curve, total: c.total });
