@@ -72,6 +72,7 @@ pub(crate) struct AntiEntropy {
 impl Node {
     /// Starts an exchange with `peer`: sends it this replica's bucket hashes.
     pub(crate) fn start_sync(&mut self, peer: NodeId) {
+        self.stats.syncs_started += 1;
         let count = bucket_count(self.replica.len(), self.config.max_datagram);
         let hashes = self.replica.bucket_hashes(count);
         for (i, chunk) in hashes.chunks(MAX_BUCKET_HASHES).enumerate() {
@@ -106,6 +107,7 @@ impl Node {
         if differing.is_empty() {
             return;
         }
+        self.stats.syncs_answered += 1;
         let by_bucket = self.entries_of(count_usize, &differing);
         let limit = self.config.max_datagram;
         let mut sent = 0;
@@ -183,6 +185,7 @@ impl Node {
             }
         }
         let differing = want_count + records.len();
+        self.stats.syncs_records += differing as u64;
         for datagram in wants.into_iter().take(MAX_EXCHANGE_DATAGRAMS) {
             self.transmit(from, datagram);
         }

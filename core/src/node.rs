@@ -263,6 +263,12 @@ pub struct Stats {
     pub suspicions_refuted: u64,
     /// Swim mode: nodes this node's detector confirmed failed and marked DOWN.
     pub confirmed_down: u64,
+    /// Anti-entropy exchanges this node started.
+    pub syncs_started: u64,
+    /// Anti-entropy exchanges this node answered with the entries of differing buckets.
+    pub syncs_answered: u64,
+    /// Records this node sent or asked for in anti-entropy exchanges it started.
+    pub syncs_records: u64,
 }
 
 /// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.

@@ -602,7 +602,18 @@ impl Sim {
         for n in live.iter().filter(|n| n.replica().view_hash() != major).take(4) {
             let mine = n.replica().sorted_records();
             let theirs = reference.replica().sorted_records();
-            eprintln!("node {} ({} records vs {}):", n.id(), mine.len(), theirs.len());
+            let own = n.local_record();
+            eprintln!(
+                "node {} ({} records vs {}; itself gen {} {:?}, {:?}, {} connected, {:?}):",
+                n.id(),
+                mine.len(),
+                theirs.len(),
+                own.generation,
+                own.state,
+                own.reach,
+                n.connected_peers().len(),
+                n.stats()
+            );
             let key = |r: &tela_core::SharedRecord| (r.id, r.generation, r.state, r.models.clone());
             let a: BTreeSet<_> = mine.iter().map(key).collect();
             let b: BTreeSet<_> = theirs.iter().map(key).collect();
