@@ -23,6 +23,12 @@
 //! caps the work a crowd of joiners can put on one anchor.
 //!
 //! Both sides hash with the same function ([`sync_hash`]), fixed for a given wire version.
+//!
+//! LEFT records are tombstones keyed by (node, generation): each anti-entropy round first ages
+//! them ([`crate::replica::Replica::collect_tombstones`]); half-way through their lifetime they
+//! leave the hashes and entries (nobody advertises them, so they do not come back through an
+//! exchange), at the end they are deleted and their generation joins a GC watermark that
+//! refuses a stale peer's copy.
 
 use crate::id::NodeId;
 use crate::node::Node;
@@ -81,8 +87,10 @@ impl Node {
         }
     }
 
-    /// The anti-entropy timer fired: an exchange with the follow-up peer or a random one.
-    pub(crate) fn sync_round(&mut self, interval: Duration) {
+    /// The anti-entropy timer fired: ages tombstones, then runs an exchange with the follow-up
+    /// peer or a random one.
+    pub(crate) fn sync_round(&mut self, interval: Duration, tombstone_ttl: Duration) {
+        self.replica.collect_tombstones(self.now, tombstone_ttl);
         let peer = self.sync.follow_up.take().or_else(|| self.pick_peers(1).pop());
         if let Some(peer) = peer {
             self.start_sync(peer);
@@ -173,7 +181,7 @@ impl Node {
         // records it listed that we hold differently.
         let complete: std::collections::BTreeSet<u16> = complete.iter().copied().collect();
         let mut records = Vec::new();
-        for slot in self.replica.slots() {
+        for slot in self.replica.slots().iter().filter(|s| !s.is_retired()) {
             let r = slot.record();
             let listed = theirs.get(&r.id);
             let send = match listed {
@@ -209,7 +217,7 @@ impl Node {
             wanted[usize::from(b)] = true;
         }
         let mut out: BTreeMap<u16, Vec<BucketEntry>> = BTreeMap::new();
-        for slot in self.replica.slots() {
+        for slot in self.replica.slots().iter().filter(|s| !s.is_retired()) {
             let r = slot.record();
             let b = bucket_of(&r.id, count);
             if wanted[b] {

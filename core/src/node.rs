@@ -113,6 +113,9 @@ impl Config {
             if s.anti_entropy_interval.is_zero() {
                 return Err(ConfigError::ZeroInterval("swim anti_entropy_interval"));
             }
+            if s.tombstone_ttl < s.anti_entropy_interval * 4 {
+                return Err(ConfigError::TombstoneTtl { ttl: s.tombstone_ttl, interval: s.anti_entropy_interval });
+            }
             if s.gossip_fanout == 0 {
                 return Err(ConfigError::ZeroFanout);
             }
@@ -141,6 +144,14 @@ pub enum ConfigError {
     /// Nobody to gossip with.
     #[error("fanout must be at least 1")]
     ZeroFanout,
+    /// Tombstones would be deleted before anti-entropy could spread them.
+    #[error("swim tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
+    TombstoneTtl {
+        /// The configured tombstone lifetime.
+        ttl: Duration,
+        /// The configured anti-entropy interval.
+        interval: Duration,
+    },
     /// The failure detector's settings cannot work.
     #[error("swim detector: {0}")]
     Swim(#[from] SwimConfigError),

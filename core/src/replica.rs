@@ -37,6 +37,9 @@ pub struct Slot {
     beat: u64,
     /// Hash of the content that is neither version nor load (models, hardware, reach, role).
     stamp: u32,
+    /// A LEFT record past half its tombstone lifetime: no longer advertised (left out of the
+    /// anti-entropy hashes and entries), kept only until it is deleted.
+    retired: bool,
 }
 
 impl Slot {
@@ -74,6 +77,11 @@ impl Slot {
     pub fn is_routable(&self) -> bool {
         self.routable
     }
+
+    /// A tombstone past half its lifetime, no longer advertised ([`Replica::collect_tombstones`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired
+    }
 }
 
 /// The effect of one merge on the replica.
@@ -101,6 +109,23 @@ pub struct Replica {
     expiries: BinaryHeap<Reverse<(Time, u32)>>,
     /// Anti-entropy hashes: per bucket of node ids, the XOR of [`sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
+    /// The GC watermark: generations of deleted tombstones, by node, and when they were deleted.
+    /// A record of a deleted generation or an older one is refused, so a stale peer cannot bring
+    /// it back.
+    deleted: HashMap<NodeId, (u64, Time), FixedState>,
+    /// Merges refused by the watermark.
+    resurrections_refused: u64,
+}
+
+/// What [`Replica::collect_tombstones`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Tombstones that stopped being advertised.
+    pub retired: usize,
+    /// Tombstones deleted.
+    pub deleted: usize,
+    /// Watermark entries forgotten.
+    pub forgotten: usize,
 }
 
 /// Buckets the registry is split into for anti-entropy, by node id; exchanges use this many or
@@ -149,6 +174,8 @@ impl Replica {
             view: 0,
             expiries: BinaryHeap::new(),
             buckets: Box::new([0; BUCKETS]),
+            deleted: HashMap::with_hasher(FixedState::default()),
+            resurrections_refused: 0,
         };
         r.merge(now, Arc::new(local));
         r
@@ -210,6 +237,10 @@ impl Replica {
     /// Merges a version of some node's record, received at local time `now`.
     pub fn merge(&mut self, now: Time, incoming: SharedRecord) -> Merged {
         let Some(&i) = self.index.get(&incoming.id) else {
+            if self.deleted.get(&incoming.id).is_some_and(|(generation, _)| incoming.generation <= *generation) {
+                self.resurrections_refused += 1;
+                return Merged::default();
+            }
             let id = incoming.id;
             let alive = incoming.state < Lifecycle::Left;
             self.view ^= view_hash(&incoming);
@@ -225,6 +256,7 @@ impl Replica {
                 due: Time::NEVER,
                 beat,
                 stamp,
+                retired: false,
             };
             self.index.insert(id, self.slots.len() as u32);
             self.slots.push(slot);
@@ -248,7 +280,10 @@ impl Replica {
         if (merged.generation, merged.state, &merged.models) != (old.generation, old.state, &old.models) {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
-        self.buckets[bucket_of(&merged.id, BUCKETS)] ^= sync_hash(old) ^ sync_hash(&merged);
+        // A retired tombstone is already out of the hashes; a newer version brings the node back.
+        let out = if self.slots[i].retired { 0 } else { sync_hash(old) };
+        self.buckets[bucket_of(&merged.id, BUCKETS)] ^= out ^ sync_hash(&merged);
+        self.slots[i].retired = false;
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
         slot.changed_at = now;
@@ -389,6 +424,63 @@ impl Replica {
     /// Kept up to date on every merge, so comparing replicas costs O(1).
     pub fn view_hash(&self) -> u64 {
         self.view
+    }
+
+    /// Ages LEFT records, which are tombstones keyed by (node, generation): one that has been
+    /// LEFT here for `ttl / 2` is retired — left out of the anti-entropy hashes and entries, so
+    /// nobody advertises it any more — and one LEFT for `ttl` is deleted, its generation kept in
+    /// the GC watermark for another `ttl` so that a stale peer's copy is refused rather than
+    /// merged back. `ttl` must be far longer than the longest partition expected to heal.
+    ///
+    /// Only for replicas built [`Replica::without_expiry`]; others are left untouched. Costs one
+    /// pass over the slots.
+    pub fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
+        let mut done = Collected::default();
+        if self.dead_after.is_some() {
+            return done;
+        }
+        let half = ttl / 2;
+        let mut i = 1; // slot 0 is the local node, never collected
+        while i < self.slots.len() {
+            let slot = &self.slots[i];
+            if slot.record.state != Lifecycle::Left || slot.changed_at + half > now {
+                i += 1;
+                continue;
+            }
+            if !slot.retired {
+                self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= sync_hash(&slot.record);
+                self.slots[i].retired = true;
+                done.retired += 1;
+            }
+            let slot = &self.slots[i];
+            if slot.changed_at + ttl > now {
+                i += 1;
+                continue;
+            }
+            let (id, generation) = (slot.record.id, slot.record.generation);
+            self.view ^= view_hash(&slot.record);
+            self.deleted.insert(id, (generation, now));
+            self.index.remove(&id);
+            self.slots.swap_remove(i);
+            if let Some(moved) = self.slots.get(i) {
+                self.index.insert(moved.record.id, i as u32);
+            }
+            done.deleted += 1;
+        }
+        let before = self.deleted.len();
+        self.deleted.retain(|_, (_, at)| *at + ttl > now);
+        done.forgotten = before - self.deleted.len();
+        done
+    }
+
+    /// Records refused because the GC watermark holds a later deletion of their node.
+    pub fn resurrections_refused(&self) -> u64 {
+        self.resurrections_refused
+    }
+
+    /// Deleted tombstones still remembered in the GC watermark.
+    pub fn watermark_len(&self) -> usize {
+        self.deleted.len()
     }
 
     /// The anti-entropy hashes of the registry split into `count` buckets (a power of two, at
@@ -551,5 +643,45 @@ mod tests {
         let after = x.bucket_hashes(64);
         let differing: Vec<usize> = (0..64).filter(|&b| before[b] != after[b]).collect();
         assert_eq!(differing, vec![bucket_of(&NodeId::from_u64(5), 64)]);
+    }
+
+    #[test]
+    fn tombstones_retire_at_half_life_are_deleted_at_the_end_and_stay_deleted() {
+        let ttl = Duration::from_secs(100);
+        let mut r = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["m"]));
+        r.merge(Time::ZERO, rec(2, 1, Lifecycle::Serve, 1, &["m"]));
+        let with_two = r.bucket_hashes(BUCKETS);
+        r.merge(Time::from_secs(10), rec(1, 1, Lifecycle::Left, 2, &["m"]));
+        let with_left = r.bucket_hashes(BUCKETS);
+        assert_ne!(with_left, with_two);
+        assert_eq!(r.collect_tombstones(Time::from_secs(59), ttl), Collected::default());
+        // Half-way: still held, no longer advertised.
+        assert_eq!(r.collect_tombstones(Time::from_secs(60), ttl), Collected { retired: 1, deleted: 0, forgotten: 0 });
+        assert!(r.get(&NodeId::from_u64(1)).is_some_and(Slot::is_retired));
+        let mut without = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        without.merge(Time::ZERO, rec(2, 1, Lifecycle::Serve, 1, &["m"]));
+        assert_eq!(r.bucket_hashes(BUCKETS), without.bucket_hashes(BUCKETS));
+        // Re-merging the same tombstone changes nothing.
+        assert!(!r.merge(Time::from_secs(70), rec(1, 1, Lifecycle::Left, 2, &["m"])).changed);
+        // The end: deleted, and the watermark refuses any copy of that generation or older.
+        assert_eq!(r.collect_tombstones(Time::from_secs(110), ttl), Collected { retired: 0, deleted: 1, forgotten: 0 });
+        assert!(r.get(&NodeId::from_u64(1)).is_none());
+        assert_eq!(r.get(&NodeId::from_u64(2)).map(|s| s.record().id), Some(NodeId::from_u64(2)));
+        assert_eq!(r.len(), 2);
+        for stale in [rec(1, 1, Lifecycle::Left, 2, &["m"]), rec(1, 1, Lifecycle::Serve, 9, &["m"])] {
+            assert_eq!(r.merge(Time::from_secs(120), stale), Merged::default());
+        }
+        assert_eq!(r.resurrections_refused(), 2);
+        assert_eq!(r.serving("m"), &[NodeId::from_u64(2)]);
+        // A new generation is a new process of that node: welcome.
+        assert!(r.merge(Time::from_secs(130), rec(1, 2, Lifecycle::Serve, 0, &["m"])).new_node);
+        // The watermark entry is forgotten after another lifetime.
+        assert_eq!(r.collect_tombstones(Time::from_secs(210), ttl).forgotten, 1);
+        assert_eq!(r.watermark_len(), 0);
+        // Replicas that judge liveness by heartbeats keep everything.
+        let mut pp = replica();
+        pp.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 2, &["m"]));
+        assert_eq!(pp.collect_tombstones(Time::from_secs(1_000), ttl), Collected::default());
     }
 }

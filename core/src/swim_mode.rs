@@ -33,6 +33,8 @@
 //!   peer every `anti_entropy_interval`, and one with every peer that connects (a joining node
 //!   learns the registry this way), each going on with the same peer while it finds
 //!   differences, so that partitions heal and whatever piggybacking missed is repaired;
+//! - keeps LEFT records as tombstones for `tombstone_ttl`: advertised for the first half, then
+//!   deleted, with a GC watermark that refuses a stale copy ([`crate::anti_entropy`]);
 //! - answers a datagram from a node it holds DOWN in that node's current generation with the
 //!   DOWN record (at most once per [`NOTICE_INTERVAL`] per node), so a node confirmed failed
 //!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
@@ -103,11 +105,15 @@ pub struct SwimSettings {
     pub queue_capacity: usize,
     /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
     pub anti_entropy_interval: Duration,
+    /// How long a LEFT record is kept: advertised for half of it, then deleted at the end, its
+    /// generation remembered for as long again so that a stale copy is refused. Must be far
+    /// longer than the longest partition expected to heal.
+    pub tombstone_ttl: Duration,
 }
 
 impl Default for SwimSettings {
     /// The detector's defaults (1 s periods), gossip every 200 ms to 3 peers while there is news,
-    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s.
+    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s, tombstones kept 6 h.
     fn default() -> SwimSettings {
         SwimSettings {
             detector: SwimConfig::default(),
@@ -116,6 +122,7 @@ impl Default for SwimSettings {
             retransmit_mult: 4,
             queue_capacity: 4096,
             anti_entropy_interval: Duration::from_secs(10),
+            tombstone_ttl: Duration::from_secs(6 * 3600),
         }
     }
 }
@@ -431,8 +438,8 @@ impl Node {
                 self.timers.set(Timer::Gossip, self.now + interval);
             }
             Timer::AntiEntropy => {
-                let interval = st.settings.anti_entropy_interval;
-                self.sync_round(interval);
+                let (interval, ttl) = (st.settings.anti_entropy_interval, st.settings.tombstone_ttl);
+                self.sync_round(interval, ttl);
             }
             _ => return false,
         }

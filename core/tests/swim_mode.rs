@@ -149,6 +149,37 @@ fn drained_node_is_seen_down_then_left_by_everyone() {
     );
 }
 
+#[test]
+fn tombstones_are_deleted_everywhere_after_their_lifetime_and_stay_deleted() {
+    let ttl = Duration::from_secs(120);
+    let with_ttl = |n: u64| {
+        let mut c = swim_public(n);
+        if let tela_core::Dissemination::Swim(s) = &mut c.dissemination {
+            s.tombstone_ttl = ttl;
+        }
+        c
+    };
+    let mut h = federation_of(12, 4, with_ttl);
+    let d = id(7);
+    h.input(d, Input::DrainRequested);
+    assert!(h.run_until(Duration::from_secs(10), |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Left)));
+    let tombstone = h.node(id(2)).replica().get(&d).map(|s| (**s.record()).clone()).expect("held");
+    // Half-way through its lifetime everyone still holds it; after the lifetime and a round of
+    // anti-entropy, nobody does, and exchanges do not bring it back.
+    h.run_for(ttl / 2);
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_some()));
+    h.run_for(ttl / 2 + Duration::from_secs(15));
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_none()), "a tombstone outlived its lifetime");
+    h.run_for(Duration::from_secs(30));
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_none()), "a deleted tombstone came back");
+    // A stale peer replaying it is refused by the watermark.
+    let payload = bytes::Bytes::from(encode_unbounded(&Message::Records(vec![tombstone])));
+    h.input(id(3), Input::Datagram { from: id(2), payload });
+    assert!(h.node(id(3)).replica().get(&d).is_none());
+    assert_eq!(h.node(id(3)).replica().resurrections_refused(), 1);
+    assert!(views_agree(&h));
+}
+
 /// Two gateways anchoring `n - 2` outbound-only serving nodes, in Swim mode at 5% loss.
 fn anchored(n: u64, seed: u64) -> Harness {
     let mut h = Harness::new(seed);

@@ -295,7 +295,22 @@ fn wire_seeds() -> Seeds {
             break;
         }
     }
+    let hashes: Vec<u32> = (0..256u32).map(|b| b.wrapping_mul(0x9e37_79b9)).collect();
+    let mut entries = wire::EntriesBuilder::new(MAX_DATAGRAM, 64);
+    for bucket in 0..64u16 {
+        let listed: Vec<wire::BucketEntry> = (0..3u64)
+            .map(|k| wire::BucketEntry {
+                id: NodeId::from_u64(u64::from(bucket) * 3 + k),
+                hash: [bucket as u8, 1, 2, 3],
+            })
+            .collect();
+        if !entries.push_bucket(bucket, &listed) {
+            break;
+        }
+    }
     vec![
+        ("buckets", wire::encode_buckets(1024, 256, &hashes).to_vec()),
+        ("bucket_entries", entries.finish().to_vec()),
         ("ping", ping.finish().to_vec()),
         ("ping_req", ProbeBuilder::ping_req(MAX_DATAGRAM, NodeId::from_u64(8), 3).finish().to_vec()),
         ("ack", ProbeBuilder::ack(MAX_DATAGRAM, 3).finish().to_vec()),
