@@ -35,6 +35,8 @@ use crate::node::Node;
 use crate::replica::{bucket_of, sync_hash, BUCKETS};
 use crate::time::Time;
 use crate::timer::Timer;
+#[cfg(doc)]
+use crate::wire::Message;
 use crate::wire::{encode_buckets, BucketEntry, Builder, EntriesBuilder, MAX_BUCKET_HASHES};
 use core::time::Duration;
 use std::collections::BTreeMap;

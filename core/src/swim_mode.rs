@@ -36,7 +36,7 @@
 //! - keeps LEFT records as tombstones for `tombstone_ttl`: advertised for the first half, then
 //!   deleted, with a GC watermark that refuses a stale copy ([`crate::anti_entropy`]);
 //! - answers a datagram from a node it holds DOWN in that node's current generation with the
-//!   DOWN record (at most once per [`NOTICE_INTERVAL`] per node), so a node confirmed failed
+//!   DOWN record (at most once a second per node), so a node confirmed failed
 //!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
 //!
 //! Liveness comes from the detector's standing, not from heartbeats: the replica is built
