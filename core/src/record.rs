@@ -267,8 +267,9 @@ pub struct Record {
     pub load: Load,
     /// The owner's key and signature over the fields above ([`crate::auth`]).
     pub seal: Seal,
-    /// DOWN by another node's failure detector, in this generation.
-    pub down: Option<MarkedDown>,
+    /// DOWN by another node's failure detector, in this generation. Boxed: rare, and it would
+    /// more than double the size of every record held.
+    pub down: Option<Box<MarkedDown>>,
 }
 
 impl Record {
@@ -291,7 +292,7 @@ impl Record {
 
     /// The lifecycle state the owner signed ([`Record::state`] before any DOWN mark).
     pub fn owner_state(&self) -> Lifecycle {
-        self.down.map_or(self.state, |d| d.owner_state)
+        self.down.as_ref().map_or(self.state, |d| d.owner_state)
     }
 
     /// The DOWN mark, if another node marked this generation DOWN.
@@ -310,7 +311,7 @@ impl Record {
 
     fn set_mark(&mut self, mark: Option<DownMark>) {
         let owner_state = self.owner_state();
-        self.down = mark.map(|mark| MarkedDown { owner_state, mark });
+        self.down = mark.map(|mark| Box::new(MarkedDown { owner_state, mark }));
         self.state = if mark.is_some() { owner_state.max(Lifecycle::Down) } else { owner_state };
     }
 
