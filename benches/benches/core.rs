@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tela_benches::{model_name, record, registry, registry_record};
 use tela_core::wire::{self, Builder, DigestEntry, MAX_DATAGRAM};
-use tela_core::{Lifecycle, Model, ModelSet, Record, Time, Version};
+use tela_core::{auth, Identity, Lifecycle, Model, ModelSet, Record, Time, Verifier, Version};
 
 /// Nodes in the registry of the merge and lookup benches.
 const NODES: u64 = 10_000;
@@ -41,8 +41,8 @@ fn merge(c: &mut Criterion) {
         )
     });
 
-    // Two versions of one generation that each hold something the other lacks, so the join has
-    // to build a new record (state, heartbeat and models from different sides).
+    // Two versions of one generation, so the join compares the owner's versions whole (the
+    // higher heartbeat wins) rather than taking the newer generation.
     let mut a = record(42, &[&model_name(1), &model_name(2)]);
     let mut b = a.clone();
     a.heartbeat += 5;
@@ -121,12 +121,28 @@ fn lookup(c: &mut Criterion) {
     group.finish();
 }
 
+/// What signing costs an owner on every change of its record, and checking costs a receiver on
+/// every record that is news to it: a realistic record, a production (SHA-256-bound) key.
+fn auth(c: &mut Criterion) {
+    let mut group = c.benchmark_group("auth");
+    let owner = Identity::from_secret(&[7; 32]);
+    let mut r = record(42, &[&model_name(1), &model_name(2)]);
+    r.id = owner.id();
+    owner.seal(&mut r);
+    group.bench_function("seal_record", |b| {
+        b.iter_batched(|| r.clone(), |mut r| owner.seal(black_box(&mut r)), BatchSize::SmallInput)
+    });
+    let verifier = Verifier::strict();
+    group.bench_function("check_record", |b| b.iter(|| auth::check(black_box(&r), &verifier)));
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(30)
         .warm_up_time(Duration::from_millis(700))
         .measurement_time(Duration::from_secs(2));
-    targets = merge, datagram, lookup
+    targets = merge, datagram, lookup, auth
 }
 criterion_main!(benches);

@@ -48,7 +48,8 @@
 //! assert_eq!(nodes[0].replica().serving("llama"), &[NodeId::from_u64(2)]);
 //! ```
 //!
-//! Modules by concept: [`record`] (the lattice), [`replica`] (the registry and its index),
+//! Modules by concept: [`record`] (the lattice), [`auth`] (owner signatures and DOWN marks),
+//! [`replica`] (the registry and its index),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
 //! two ways of spreading the registry — [`pushpull`] (the default) and [`swim_mode`] (SWIM probing,
 //! built on [`swim`] (failure detection), [`broadcast`] (piggybacked updates) and
@@ -62,6 +63,7 @@
 #![deny(missing_docs)]
 
 pub mod anti_entropy;
+pub mod auth;
 pub mod broadcast;
 pub mod cold_start;
 pub mod hardware;
@@ -83,6 +85,7 @@ pub mod wire;
 #[cfg(feature = "harness")]
 pub mod harness;
 
+pub use auth::{DownMark, Forgery, Identity, MarkedDown, Seal, Verifier, Verify};
 pub use broadcast::{BroadcastQueue, Queued, RecordUpdate, Update};
 pub use cold_start::{ColdStartQueue, Enqueued};
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};

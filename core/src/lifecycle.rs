@@ -147,6 +147,7 @@ impl Node {
         next.models = models;
         next.load = self.local.load;
         self.stats.new_generations += 1;
+        self.seal(&mut next);
         let merged = self.replica.set_local(self.now, next);
         self.after_local_change(&current, merged);
     }
@@ -159,6 +160,7 @@ impl Node {
         change(&mut next);
         next.heartbeat = next.heartbeat.saturating_add(1);
         debug_assert!(next.state >= current.state, "lifecycle moved backwards within a generation");
+        self.seal(&mut next);
         let merged = self.replica.set_local(self.now, next);
         self.after_local_change(&current, merged);
     }

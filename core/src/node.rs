@@ -1,6 +1,7 @@
 //! The node state machine facade: every runtime drives the protocol through [`Node`].
 
 use crate::anti_entropy::AntiEntropy;
+use crate::auth::{self, Forgery, Identity, Verifier};
 use crate::hardware::Hardware;
 use crate::id::NodeId;
 use crate::lifecycle::Local;
@@ -19,11 +20,16 @@ use rand_core::SeedableRng;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// How a node is set up. Build with [`Config::new`] and adjust fields.
+/// How a node is set up. Build with [`Config::with_identity`] (production) or [`Config::new`]
+/// (tests and simulations) and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// This node's identity.
+    /// This node's identity; must be `identity.id()`.
     pub id: NodeId,
+    /// The key this node signs its record and its DOWN marks with ([`crate::auth`]).
+    pub identity: Identity,
+    /// How records and marks from peers are checked.
+    pub verifier: Verifier,
     /// The generation to start in; every new process of the same node must start higher than
     /// the last (runtimes use the wall-clock milliseconds at start). Should the federation still
     /// hold a record from an earlier process that this one does not supersede, the node moves
@@ -61,11 +67,24 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for a serving, outbound-only CPU node: 200 ms gossip rounds with fanout 3, 1 s
-    /// heartbeats, dead after 6 s, 15-minute drain window.
+    /// Defaults for a serving, outbound-only CPU node (200 ms gossip rounds with fanout 3, 1 s
+    /// heartbeats, dead after 6 s, 15-minute drain window) that signs with `identity`, whose key
+    /// owns its id, and checks peers strictly. What production runtimes use.
+    pub fn with_identity(identity: Identity, generation: u64) -> Config {
+        let mut c = Config::new(identity.id(), generation);
+        c.identity = identity;
+        c.verifier = Verifier::strict();
+        c
+    }
+
+    /// The same defaults for a node with a *test identity* ([`Identity::for_test`]): a key anyone
+    /// can compute from `id`, and a verifier that accepts such keys for [`NodeId::from_u64`] ids
+    /// (and checks every other id strictly). For tests and simulations.
     pub fn new(id: NodeId, generation: u64) -> Config {
         Config {
             id,
+            identity: Identity::for_test(id),
+            verifier: Verifier::with_test_identities(),
             generation,
             role: Role::Serving,
             hardware: Hardware::CPU,
@@ -280,6 +299,11 @@ pub struct Stats {
     pub syncs_answered: u64,
     /// Records this node sent or asked for in anti-entropy exchanges it started.
     pub syncs_records: u64,
+    /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
+    pub records_forged: u64,
+    /// Records refused because of a DOWN mark that its confirmer did not sign, or a state that
+    /// does not follow from the mark.
+    pub marks_forged: u64,
 }
 
 /// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.
@@ -351,8 +375,10 @@ impl Node {
         for d in [&mut config.gossip_interval, &mut config.heartbeat_interval, &mut config.sweep_interval] {
             *d = (*d).max(tick);
         }
-        let record =
+        debug_assert_eq!(config.id, config.identity.id(), "the config's id is not its identity's");
+        let mut record =
             Record::new(config.id, config.generation, config.role, config.hardware.clone(), config.reach.clone());
+        config.identity.seal(&mut record);
         let swim = match &config.dissemination {
             Dissemination::PushPull => None,
             Dissemination::Swim(settings) => {
@@ -536,11 +562,18 @@ impl Node {
     }
 
     /// Merges a record from a peer; echoes of our own record that we do not hold are refuted.
+    ///
+    /// Only records that would change something are checked ([`crate::auth::check`]), and a
+    /// forged one is counted and dropped without touching the replica.
     pub(crate) fn absorb(&mut self, record: Record) {
         if record.id == self.config.id {
-            if !self.replica.local().dominates(&record) {
+            if !self.replica.local().dominates(&record) && self.authentic(&record) {
                 self.refute(record.generation);
             }
+            return;
+        }
+        let known = self.replica.get(&record.id).map(|s| s.record());
+        if known.is_some_and(|k| k.dominates(&record)) || !self.authentic(&record) {
             return;
         }
         let id = record.id;
@@ -558,6 +591,35 @@ impl Node {
         if let Some(routable) = merged.routable {
             self.emit_routable(id, routable);
         }
+    }
+
+    /// Checks a record that would change the replica, counting a forgery. The owner's
+    /// signature is not checked again when the replica already holds exactly this owner's version
+    /// (a record that only gained a DOWN mark).
+    fn authentic(&mut self, record: &Record) -> bool {
+        let known = self.replica.get(&record.id).map(|s| s.record());
+        let owner_known = known.is_some_and(|k| k.same_owner_version(record));
+        let verdict = if owner_known {
+            auth::check_marks(record, &self.config.verifier)
+        } else {
+            auth::check(record, &self.config.verifier)
+        };
+        match verdict {
+            Ok(()) => true,
+            Err(Forgery::Owner) => {
+                self.stats.records_forged += 1;
+                false
+            }
+            Err(Forgery::State | Forgery::Mark) => {
+                self.stats.marks_forged += 1;
+                false
+            }
+        }
+    }
+
+    /// Seals a new version of the local record with this node's key.
+    pub(crate) fn seal(&self, record: &mut Record) {
+        self.config.identity.seal(record);
     }
 
     pub(crate) fn emit_routable(&mut self, id: NodeId, routable: bool) {

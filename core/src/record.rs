@@ -2,22 +2,29 @@
 //!
 //! The merge `⊔` is the registry's only way to combine knowledge, so it must be a join
 //! semilattice — commutative, associative, idempotent — for replicas that see the same versions
-//! in any order, any number of times, to end up equal. The rules (DESIGN.md):
+//! in any order, any number of times, to end up equal. The rules (DESIGN.md), as they stand now
+//! that only a record's owner writes it ([`crate::auth`]):
 //!
 //! 1. the higher [`Record::generation`] wins whole;
-//! 2. within one generation: state by `LEFT > DOWN > SERVE > JOIN`, heartbeat by max, models by
-//!    union.
+//! 2. within one generation, the owner's latest signed version wins whole: the higher heartbeat,
+//!    then the later owner state, then (only for versions an owner should never have signed
+//!    twice) the larger remaining content and seal — a total order, so the pick is a max;
+//! 3. a DOWN mark by another node ([`crate::auth::DownMark`]) rides alongside, kept whatever the
+//!    owner's version, until a new generation; of two marks the larger wins. The visible
+//!    [`Record::state`] is the owner's state raised to DOWN when marked.
 //!
-//! Fields the design does not name are fixed by the owner for a whole generation (role,
-//! hardware, reachability); should two versions of one generation ever disagree on them the
-//! larger value wins, which keeps the merge a lattice. The load summary rides with the heartbeat:
-//! the version with the higher heartbeat carries the newer load. Every component is the maximum of
-//! a total order (or a union), and a product of semilattices is a semilattice — the proptests in
-//! this module check the laws on arbitrary records.
+//! Owners bump the heartbeat with every change and move their state and models only forward
+//! within a generation, so for honest owners rule 2 gives what the field-wise rules (state by
+//! `LEFT > DOWN > SERVE > JOIN`, heartbeat by max, models by union) gave before records were
+//! signed, while every merged record stays one its owner signed. The merge is the lexicographic
+//! product of a max (generation), a max over a total order (the owner's version) and a max over
+//! the marks of the winning generation — a semilattice; the proptests in this module check the
+//! laws on arbitrary records, signed and marked ones included.
 //!
 //! Consequences: a node marked DOWN cannot come back in the same generation, and a node withdraws
 //! a model or refutes a false DOWN only by starting a new generation.
 
+use crate::auth::{DownMark, MarkedDown, Seal};
 use crate::hardware::Hardware;
 use crate::id::NodeId;
 use serde::{Deserialize, Serialize};
@@ -25,8 +32,10 @@ use std::sync::Arc;
 
 /// Most models one record may list; keeps any record well inside one datagram.
 pub const MAX_MODELS: usize = 8;
-/// Longest model name in bytes.
-pub const MAX_MODEL_NAME: usize = 96;
+/// Longest model name in bytes. With [`MAX_MODELS`] names this long, the longest address, an
+/// owner's seal and a DOWN mark, a record still fits any datagram that carries one (1,036 of
+/// 1,100 bytes; 96-byte names left no room for the 219 bytes of seal and mark).
+pub const MAX_MODEL_NAME: usize = 80;
 /// Longest public address in bytes.
 pub const MAX_ADDR: usize = 96;
 
@@ -241,7 +250,8 @@ pub struct Record {
     pub id: NodeId,
     /// Bumped on every restart and on every refutation; the higher one wins whole.
     pub generation: u64,
-    /// Lifecycle state within the generation.
+    /// Lifecycle state within the generation: the owner's, raised to DOWN if [`Record::down`]
+    /// holds a mark.
     pub state: Lifecycle,
     /// Owner's counter, bumped periodically and with every change the owner makes.
     pub heartbeat: u64,
@@ -255,6 +265,11 @@ pub struct Record {
     pub reach: Reachability,
     /// Load at the last heartbeat.
     pub load: Load,
+    /// The owner's key and signature over the fields above ([`crate::auth`]).
+    pub seal: Seal,
+    /// DOWN by another node's failure detector, in this generation. Boxed: rare, and it would
+    /// more than double the size of every record held.
+    pub down: Option<Box<MarkedDown>>,
 }
 
 impl Record {
@@ -270,7 +285,63 @@ impl Record {
             hardware,
             reach,
             load: Load::default(),
+            seal: Seal::UNSIGNED,
+            down: None,
         }
+    }
+
+    /// The lifecycle state the owner signed ([`Record::state`] before any DOWN mark).
+    pub fn owner_state(&self) -> Lifecycle {
+        self.down.as_ref().map_or(self.state, |d| d.owner_state)
+    }
+
+    /// The DOWN mark, if another node marked this generation DOWN.
+    pub fn down_mark(&self) -> Option<&DownMark> {
+        self.down.as_ref().map(|d| &d.mark)
+    }
+
+    /// This record with `mark` applied: DOWN in this generation (unless the owner said LEFT),
+    /// keeping the larger of `mark` and any mark it already holds.
+    pub fn with_down_mark(&self, mark: DownMark) -> Record {
+        let mut out = self.clone();
+        let mark = self.down_mark().map_or(mark, |m| (*m).max(mark));
+        out.set_mark(Some(mark));
+        out
+    }
+
+    fn set_mark(&mut self, mark: Option<DownMark>) {
+        let owner_state = self.owner_state();
+        self.down = mark.map(|mark| Box::new(MarkedDown { owner_state, mark }));
+        self.state = if mark.is_some() { owner_state.max(Lifecycle::Down) } else { owner_state };
+    }
+
+    /// True if both carry the same version as their owner signed it (marks aside), seal included.
+    pub fn same_owner_version(&self, other: &Record) -> bool {
+        self.id == other.id && self.generation == other.generation && self.owner_cmp(other).is_eq()
+    }
+
+    /// The total order on one generation's owner versions (rule 2 of the module docs).
+    fn owner_cmp(&self, other: &Record) -> core::cmp::Ordering {
+        (
+            self.heartbeat,
+            self.owner_state(),
+            self.role,
+            &self.models,
+            &self.hardware,
+            &self.reach,
+            self.load,
+            &self.seal,
+        )
+            .cmp(&(
+                other.heartbeat,
+                other.owner_state(),
+                other.role,
+                &other.models,
+                &other.hardware,
+                &other.reach,
+                other.load,
+                &other.seal,
+            ))
     }
 
     /// This record's version.
@@ -290,22 +361,11 @@ impl Record {
         if other.generation > self.generation {
             return other.clone();
         }
-        let load = match self.heartbeat.cmp(&other.heartbeat) {
-            core::cmp::Ordering::Greater => self.load,
-            core::cmp::Ordering::Less => other.load,
-            core::cmp::Ordering::Equal => self.load.max(other.load),
-        };
-        Record {
-            id: self.id,
-            generation: self.generation,
-            state: self.state.max(other.state),
-            heartbeat: self.heartbeat.max(other.heartbeat),
-            role: self.role.max(other.role),
-            models: self.models.union(&other.models),
-            hardware: (&self.hardware).max(&other.hardware).clone(),
-            reach: (&self.reach).max(&other.reach).clone(),
-            load,
-        }
+        let owner = if self.owner_cmp(other).is_ge() { self } else { other };
+        let mark = self.down_mark().max(other.down_mark()).copied();
+        let mut out = owner.clone();
+        out.set_mark(mark);
+        out
     }
 
     /// True if `self ⊔ other == self`: merging `other` would change nothing.
@@ -315,14 +375,7 @@ impl Record {
         if self.id != other.id || self.generation != other.generation {
             return self.id != other.id || self.generation > other.generation;
         }
-        let load_ok = self.heartbeat > other.heartbeat || self.load >= other.load;
-        self.state >= other.state
-            && self.heartbeat >= other.heartbeat
-            && load_ok
-            && self.role >= other.role
-            && self.hardware >= other.hardware
-            && self.reach >= other.reach
-            && self.models.absorbs(&other.models)
+        self.owner_cmp(other).is_ge() && self.down_mark() >= other.down_mark()
     }
 
     /// Checks the limits that keep a record inside one datagram and its model set canonical.
@@ -411,7 +464,28 @@ pub(crate) mod strategy {
                 hardware,
                 reach,
                 load: Load { in_flight: i, queued: q },
+                seal: Seal::UNSIGNED,
+                down: None,
             })
+    }
+
+    /// A record of node `id` sealed by its test identity, DOWN-marked by one of two confirmers
+    /// or not at all.
+    pub fn signed_record_of(id: NodeId) -> impl Strategy<Value = Record> {
+        (record_of(id), 0u8..3).prop_map(move |(mut r, mark)| {
+            crate::auth::Identity::for_test(id).seal(&mut r);
+            match mark {
+                0 => r,
+                m => r.with_down_mark(
+                    crate::auth::Identity::for_test(NodeId::from_u64(100 + u64::from(m))).mark_down(&r),
+                ),
+            }
+        })
+    }
+
+    /// Unsigned, signed and signed-and-marked records of node `id`.
+    pub fn any_record_of(id: NodeId) -> impl Strategy<Value = Record> {
+        prop_oneof![record_of(id), signed_record_of(id)]
     }
 }
 
@@ -432,43 +506,66 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
         #[test]
-        fn join_is_commutative(a in record_of(ID), b in record_of(ID)) {
+        fn join_is_commutative(a in any_record_of(ID), b in any_record_of(ID)) {
             prop_assert_eq!(a.join(&b), b.join(&a));
         }
 
         #[test]
-        fn join_is_associative(a in record_of(ID), b in record_of(ID), c in record_of(ID)) {
+        fn join_is_associative(a in any_record_of(ID), b in any_record_of(ID), c in any_record_of(ID)) {
             prop_assert_eq!(a.join(&b).join(&c), a.join(&b.join(&c)));
         }
 
         #[test]
-        fn join_is_idempotent(a in record_of(ID), b in record_of(ID)) {
+        fn join_is_idempotent(a in any_record_of(ID), b in any_record_of(ID)) {
             prop_assert_eq!(a.join(&a), a.clone());
             let ab = a.join(&b);
             prop_assert_eq!(ab.join(&b), ab.clone());
         }
 
         #[test]
-        fn join_is_an_upper_bound(a in record_of(ID), b in record_of(ID)) {
+        fn join_is_an_upper_bound(a in any_record_of(ID), b in any_record_of(ID)) {
             let j = a.join(&b);
             prop_assert!(leq(&a, &j) && leq(&b, &j));
             prop_assert!(j.generation >= a.generation.max(b.generation));
             if a.generation == b.generation {
-                prop_assert!(j.state >= a.state.max(b.state));
                 prop_assert!(j.heartbeat >= a.heartbeat.max(b.heartbeat));
-                prop_assert!(j.models.len() >= a.models.len().max(b.models.len()));
+                prop_assert!(j.down_mark() >= a.down_mark().max(b.down_mark()), "a DOWN mark was lost");
+                // The owner's part is one the owner signed, whole: never a mix of two versions.
+                prop_assert!(j.same_owner_version(&a) || j.same_owner_version(&b));
+                if a.heartbeat > b.heartbeat {
+                    prop_assert!(j.same_owner_version(&a), "the owner's latest version must win");
+                }
             }
         }
 
         #[test]
-        fn stale_generation_is_discarded_whole(old in record_of(ID), mut new in record_of(ID), ahead in 1u64..3) {
+        fn join_keeps_every_signature_valid(a in signed_record_of(ID), b in signed_record_of(ID), c in signed_record_of(ID)) {
+            let v = crate::auth::Verifier::with_test_identities();
+            for r in [a.join(&b), b.join(&a), a.join(&b).join(&c), c.join(&a.join(&b))] {
+                prop_assert_eq!(crate::auth::check(&r, &v), Ok(()));
+            }
+        }
+
+        #[test]
+        fn a_down_mark_holds_for_the_whole_generation(a in signed_record_of(ID), b in signed_record_of(ID)) {
+            let j = a.join(&b);
+            if a.down.is_some() && a.generation == b.generation {
+                prop_assert!(j.state >= Lifecycle::Down);
+            }
+            if j.down.is_none() {
+                prop_assert_eq!(j.state, j.owner_state());
+            }
+        }
+
+        #[test]
+        fn stale_generation_is_discarded_whole(old in any_record_of(ID), mut new in any_record_of(ID), ahead in 1u64..3) {
             new.generation = old.generation + ahead;
             prop_assert_eq!(&old.join(&new), &new);
             prop_assert_eq!(&new.join(&old), &new);
         }
 
         #[test]
-        fn version_covers_exactly_when_join_adds_nothing_observable(a in record_of(ID), b in record_of(ID)) {
+        fn version_covers_exactly_when_join_adds_nothing_observable(a in any_record_of(ID), b in any_record_of(ID)) {
             // covers() is what digests use; if it says "nothing new", the merge must not move
             // generation, state or heartbeat.
             if a.version().covers(&b.version()) {
@@ -478,7 +575,7 @@ mod tests {
         }
 
         #[test]
-        fn dominates_is_exactly_join_equals_self(a in record_of(ID), b in record_of(ID)) {
+        fn dominates_is_exactly_join_equals_self(a in any_record_of(ID), b in any_record_of(ID)) {
             prop_assert_eq!(a.dominates(&b), a.join(&b) == a);
         }
 
@@ -501,19 +598,43 @@ mod tests {
     }
 
     #[test]
-    fn down_wins_over_serve_in_one_generation_and_loses_to_the_next() {
+    fn a_down_mark_outlives_the_owners_later_versions_and_loses_to_the_next_generation() {
+        let owner = crate::auth::Identity::for_test(ID);
         let mut serve = Record::new(ID, 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
         serve.state = Lifecycle::Serve;
-        serve.heartbeat = 9;
-        let mut down = serve.clone();
-        down.state = Lifecycle::Down;
-        down.heartbeat = 3;
-        let j = serve.join(&down);
+        serve.heartbeat = 3;
+        owner.seal(&mut serve);
+        let down = serve.with_down_mark(crate::auth::Identity::for_test(NodeId::from_u64(7)).mark_down(&serve));
+        assert_eq!((down.state, down.owner_state()), (Lifecycle::Down, Lifecycle::Serve));
+        let mut later = serve.clone();
+        later.heartbeat = 9;
+        owner.seal(&mut later);
+        let j = later.join(&down);
         assert_eq!((j.state, j.heartbeat), (Lifecycle::Down, 9));
+        assert_eq!(j, down.join(&later));
+        let mut left = later.clone();
+        left.state = Lifecycle::Left;
+        left.heartbeat = 10;
+        owner.seal(&mut left);
+        assert_eq!(left.join(&j).state, Lifecycle::Left, "the owner's LEFT is above a DOWN mark");
         let mut next = serve.clone();
         next.generation = 2;
         next.heartbeat = 0;
+        owner.seal(&mut next);
         assert_eq!(j.join(&next), next);
+    }
+
+    #[test]
+    fn within_a_generation_the_later_owner_version_wins_whole() {
+        let mut a = Record::new(ID, 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
+        a.state = Lifecycle::Serve;
+        a.models = ModelSet::from_models(vec![Model::named("x")]);
+        a.heartbeat = 2;
+        let mut b = a.clone();
+        b.models = ModelSet::from_models(vec![Model::named("x"), Model::named("y")]);
+        b.heartbeat = 3;
+        assert_eq!(a.join(&b), b);
+        assert_eq!(b.join(&a), b);
     }
 
     #[test]

@@ -577,7 +577,7 @@ mod tests {
         let a = [
             rec(1, 1, Lifecycle::Serve, 1, &["m"]),
             rec(2, 3, Lifecycle::Join, 0, &[]),
-            rec(1, 1, Lifecycle::Down, 0, &["m"]),
+            rec(1, 1, Lifecycle::Down, 2, &["m"]),
         ];
         let mut x = replica();
         let mut y = replica();

@@ -535,8 +535,7 @@ impl Node {
             return;
         }
         self.stats.confirmed_down += 1;
-        let mut down = (*record).clone();
-        down.state = Lifecycle::Down;
+        let down = record.with_down_mark(self.config.identity.mark_down(&record));
         self.absorb(down);
     }
 

@@ -18,10 +18,13 @@ use serde::{Deserialize, Serialize};
 pub const MAX_DATAGRAM: usize = 1100;
 /// Version byte leading every datagram. Bumped on any incompatible change.
 ///
-/// The SWIM messages ([`Message::Ping`] and after) were appended to [`Message`] without a bump:
-/// the encodings of the earlier variants did not change, and a node that predates them rejects
-/// them as [`DecodeError::Malformed`] without touching its state.
-pub const WIRE_VERSION: u8 = 1;
+/// - 1: the first format. The SWIM messages ([`Message::Ping`] and after) were appended to
+///   [`Message`] without a bump: the encodings of the earlier variants did not change, and a node
+///   that predates them rejects them as [`DecodeError::Malformed`] without touching its state.
+/// - 2: records carry their owner's seal (public key and signature) and an optional DOWN mark
+///   ([`crate::auth`]). Version-1 datagrams are refused as
+///   [`DecodeError::UnsupportedVersion`]: their records are unsigned and would be refused anyway.
+pub const WIRE_VERSION: u8 = 2;
 
 /// One line of a digest: which version of a node's record the sender holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -562,7 +565,9 @@ mod tests {
                 })
                 .collect(),
         );
-        r
+        crate::auth::Identity::for_test(r.id).seal(&mut r);
+        let confirmer = crate::auth::Identity::for_test(NodeId::from_u64(u64::MAX));
+        r.with_down_mark(confirmer.mark_down(&r))
     }
 
     #[test]
@@ -573,7 +578,22 @@ mod tests {
         assert!(b.push(&r), "largest record must fit");
         let d = b.finish();
         assert!(d.len() <= MAX_DATAGRAM, "{} bytes", d.len());
-        assert_eq!(decode(&d).unwrap(), Message::Records(vec![r]));
+        assert_eq!(decode(&d).unwrap(), Message::Records(vec![r.clone()]));
+        // The SWIM message with the largest header carries it too.
+        let mut p = ProbeBuilder::ping_req(MAX_DATAGRAM, NodeId([0xff; 16]), u32::MAX);
+        assert!(p.push(&Piggyback::Record(r.clone())), "largest record must ride a ping-req");
+        let d = p.finish();
+        assert!(d.len() <= MAX_DATAGRAM - 32, "{} bytes leave too little headroom", d.len());
+        assert_eq!(decode(&d).unwrap().piggyback(), &[Piggyback::Record(r)]);
+    }
+
+    #[test]
+    fn the_previous_wire_version_is_refused_with_a_typed_error() {
+        let mut d = encode_unbounded(&Message::Want(vec![NodeId::from_u64(1)]));
+        assert!(decode(&d).is_ok());
+        d[0] = 1;
+        assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(1)));
+        assert!(DecodeError::UnsupportedVersion(1).to_string().contains("speaks 2"));
     }
 
     #[test]

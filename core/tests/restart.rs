@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use tela_core::wire::{encode_unbounded, Message};
-use tela_core::{Input, Lifecycle};
+use tela_core::{Identity, Input, Lifecycle};
 
 #[test]
 fn restarted_node_replaces_its_old_record_everywhere() {
@@ -33,10 +33,11 @@ fn restart_with_a_stale_generation_moves_past_the_old_record() {
 fn a_false_down_is_refuted_with_a_new_generation() {
     let mut h = federation(8, 6);
     let victim = id(3);
-    let mut forged = (**h.node(victim).local_record()).clone();
-    forged.state = Lifecycle::Down;
+    let record = (**h.node(victim).local_record()).clone();
+    let forged = record.with_down_mark(Identity::for_test(id(8)).mark_down(&record));
     let forged_gen = forged.generation;
-    // A peer (node 8) claims node 3 is DOWN in its current generation.
+    // A peer (node 8) claims, with a DOWN mark it signed, that node 3 is DOWN in its current
+    // generation.
     let payload = encode_unbounded(&Message::Records(vec![forged.clone()]));
     for x in [id(1), id(2), victim] {
         h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
@@ -52,4 +53,21 @@ fn a_false_down_is_refuted_with_a_new_generation() {
         .replica()
         .serving("m")
         .contains(&victim))));
+}
+
+#[test]
+fn a_down_without_a_signed_mark_is_refused_and_forces_no_new_generation() {
+    let mut h = federation(8, 6);
+    let victim = id(3);
+    let mut forged = (**h.node(victim).local_record()).clone();
+    forged.state = Lifecycle::Down;
+    let generation = forged.generation;
+    let payload = encode_unbounded(&Message::Records(vec![forged]));
+    for x in [id(1), victim] {
+        h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
+    }
+    assert_eq!(h.node(id(1)).replica().get(&victim).unwrap().record().state, Lifecycle::Serve);
+    assert_eq!(h.node(id(1)).stats().records_forged, 1);
+    assert_eq!(h.node(victim).stats().records_forged, 1);
+    assert_eq!(h.node(victim).local_record().generation, generation, "a forgery must not cost a generation");
 }

@@ -214,7 +214,9 @@ fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
     let mut h = anchored(20, 5);
     let all =
         |h: &Harness| views_agree(h) && [id(1), id(2)].iter().all(|g| h.node(*g).replica().serving("m").len() == 18);
-    assert!(h.run_until(LONG, all), "views differ");
+    // Signed records (~130 bytes) ride fewer to a datagram than unsigned ones did, so with some
+    // seeds the last outbound-only node completes its view only at the second anti-entropy round.
+    assert!(h.run_until(2 * LONG, all), "views differ");
     // Node 9's job dies: both gateways see its connections drop.
     let victim = id(9);
     let g = h.node(victim).local_record().generation;

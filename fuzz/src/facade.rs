@@ -19,10 +19,13 @@
 //! - the node's own record never moves backwards: the generation never decreases, and within a
 //!   generation neither the state nor the heartbeat does; [`Event::LocalState`] reports every
 //!   change and agrees with the record;
-//! - a version of the node's own record that it does not hold is refuted: afterwards its record
-//!   dominates the one it heard (unless that one's generation is `u64::MAX`, above which no
-//!   generation exists);
-//! - every other record received ends up merged: the replica's record dominates it;
+//! - a version of the node's own record that it does not hold is refuted if it is authentic
+//!   ([`tela_core::auth::check`]): afterwards its record dominates the one it heard (unless that
+//!   one's generation is `u64::MAX`, above which no generation exists); a forged one changes
+//!   nothing;
+//! - every other authentic record received ends up merged: the replica's record dominates it;
+//!   a forged one (unsigned, altered, or with a DOWN mark its confirmer did not sign) never
+//!   changes the replica, and is counted unless the replica already held something newer;
 //! - `Routable`/`Unroutable` events alternate per node and match the replica's routable slots,
 //!   and `Replica::serving` lists exactly the routable hosts of each model name;
 //! - after [`Input::Timeout`] the next deadline lies after `now` (or is [`Time::NEVER`]);
@@ -35,8 +38,8 @@ use core::time::Duration;
 use std::collections::BTreeSet;
 use tela_core::wire::{self, Builder, DigestEntry, Message, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
-    Command, Config, Dissemination, Event, GpuModel, Hardware, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId,
-    Output, Quantization, Reachability, Record, Role, SwimSettings, Time, Version,
+    auth, Command, Config, Dissemination, Event, GpuModel, Hardware, Identity, Input, Lifecycle, Load, Model, ModelSet,
+    Node, NodeId, Output, Quantization, Reachability, Record, Role, SwimSettings, Time, Version,
 };
 
 /// The fuzzed node's id.
@@ -58,7 +61,8 @@ pub(crate) mod op {
     pub const TIMEOUT_STALE: u8 = 2;
     /// `[from, len: u16, bytes..]`: a datagram of arbitrary bytes.
     pub const RAW_DATAGRAM: u8 = 3;
-    /// `[from, count, record..]`: a valid `Records` datagram (see `peer_record`).
+    /// `[from, count, record..]`: a `Records` datagram (see `peer_record`: signed, DOWN-marked or
+    /// forged).
     pub const RECORDS: u8 = 4;
     /// `[from, tweak, amount]`: the node's own record, altered, sent back to it.
     pub const OWN_ECHO: u8 = 5;
@@ -66,7 +70,8 @@ pub(crate) mod op {
     pub const DIGEST: u8 = 6;
     /// `[from, count, id..]`: a `Want` datagram.
     pub const WANT: u8 = 7;
-    /// `[from, record, position: u16, xor]`: a valid one-record datagram with one byte altered.
+    /// `[from, record, position: u16, xor]`: a one-record datagram with one byte altered (which
+    /// breaks its signature, if it still decodes).
     pub const MUTATED: u8 = 8;
     /// `[count, model..]`: the engine is ready with these models (see `engine_models`).
     pub const ENGINE_READY: u8 = 9;
@@ -206,6 +211,21 @@ fn peer_record(u: &mut Unstructured<'_>) -> Record {
     r.models = ModelSet::from_models((0..n).map(|_| pooled_model(byte(u))).collect());
     let load = byte(u);
     r.load = Load { in_flight: u32::from(load % 4), queued: u32::from(load / 4) };
+    seal_peer_record(r, flags)
+}
+
+/// Flags bit 4 (16) leaves the record unsigned, a forgery; otherwise its owner's test identity
+/// seals it, and bit 3 (8) has the next peer mark it DOWN (a mark by the owner itself when the
+/// next peer is the fuzzed node is still a valid mark).
+fn seal_peer_record(mut r: Record, flags: u8) -> Record {
+    if flags & 16 != 0 {
+        return r;
+    }
+    Identity::for_test(r.id).seal(&mut r);
+    if flags & 8 != 0 {
+        let confirmer = NodeId::from_u64(r.id.short() % IDS + 1);
+        r = r.with_down_mark(Identity::for_test(confirmer).mark_down(&r));
+    }
     r
 }
 
@@ -414,12 +434,23 @@ impl Run {
 
     /// The node's own record as a peer might hold it: `tweak % 9` picks the change, `amount`
     /// sizes it.
+    /// Tweaks 2 to 8 re-seal the record with the node's own key (a version from an earlier
+    /// process, or another process holding the same key); 1 adds a peer's valid DOWN mark; 9
+    /// alters the state without re-sealing, a forgery.
     fn own_echo(&self, tweak: u8, amount: u8) -> Record {
         let mut r = (**self.node.local_record()).clone();
         let k = u64::from(amount);
-        match tweak % 9 {
+        match tweak % 10 {
             0 => {}
-            1 => r.state = r.state.max(Lifecycle::Down),
+            1 => {
+                let confirmer = NodeId::from_u64(u64::from(amount) % (IDS - 1) + 2);
+                return r.with_down_mark(Identity::for_test(confirmer).mark_down(&r));
+            }
+            9 => {
+                r.state = Lifecycle::Left;
+                r.heartbeat = r.heartbeat.saturating_add(1);
+                return r;
+            }
             2 => r.state = Lifecycle::Left,
             3 => r.heartbeat = r.heartbeat.saturating_add(1 + k),
             4 => r.generation = r.generation.saturating_sub(1 + k % 4),
@@ -433,6 +464,7 @@ impl Run {
                 r.reach = Reachability::Public(format!("192.0.2.{amount}:7000"));
             }
         }
+        Identity::for_test(OWN).seal(&mut r);
         r
     }
 
@@ -440,6 +472,9 @@ impl Run {
     fn datagram(&mut self, from: NodeId, payload: Vec<u8>) {
         let decoded = wire::decode(&payload);
         let was_exited = self.node.has_exited();
+        let before = self.node.replica().sorted_records();
+        let own_before = self.node.local_record().clone();
+        let forged_before = self.node.stats().records_forged + self.node.stats().marks_forged;
         self.feed(self.now, Input::Datagram { from, payload: Bytes::from(payload) });
         let (Ok(msg), false) = (decoded, was_exited) else {
             return;
@@ -455,7 +490,31 @@ impl Run {
                 })
                 .collect(),
         };
+        let verifier = self.node.config().verifier.clone();
+        let forgeries = records.iter().filter(|r| auth::check(r, &verifier).is_err()).count() as u64;
+        let forged_after = self.node.stats().records_forged + self.node.stats().marks_forged;
+        assert!(forged_after - forged_before <= forgeries, "an authentic record was counted as forged");
+        if forgeries == records.len() as u64 {
+            // Only forgeries: the records of their ids stay as they were, and nobody refutes.
+            let held = |set: &[tela_core::SharedRecord], id: NodeId| set.iter().find(|x| x.id == id).cloned();
+            let after = self.node.replica().sorted_records();
+            for r in &records {
+                if r.id != OWN {
+                    assert_eq!(held(&before, r.id), held(&after, r.id), "a forged record changed the replica");
+                }
+            }
+            assert_eq!(
+                own_before.generation,
+                self.node.local_record().generation,
+                "a forged record made the node refute"
+            );
+        }
         for r in records {
+            if auth::check(r, &verifier).is_err() {
+                let held = self.node.replica().get(&r.id).map(|s| (**s.record()).clone());
+                assert!(held.as_ref() != Some(r) || before.iter().any(|b| **b == *r), "forged {} held", r.id);
+                continue;
+            }
             if r.id == OWN {
                 if r.generation < u64::MAX {
                     assert!(

@@ -1,19 +1,21 @@
 //! The `merge_laws` target: the record merge is a join semilattice.
 
 use arbitrary::{Result, Unstructured};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tela_core::{
-    FabricId, GpuModel, Hardware, Interconnect, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability,
-    Record, Replica, Role, Time,
+    auth, FabricId, GpuModel, Hardware, Identity, Interconnect, Lifecycle, Load, Model, ModelSet, NodeId, Quantization,
+    Reachability, Record, Replica, Role, Time,
 };
 
 /// The node all three records belong to.
 const ID: NodeId = NodeId::from_u64(42);
 
-/// Builds three versions of one node's record from `data` and checks the lattice laws of
+/// Builds three versions of one node's record from `data` (unsigned, owner-signed, or signed and
+/// DOWN-marked) and checks the lattice laws of
 /// [`Record::join`], that [`Record::dominates`] is exactly `a ⊔ b == a`, that
 /// [`tela_core::Version::covers`] never hides a change of version, and that a [`Replica`]
-/// ends with `a ⊔ b ⊔ c` whatever order it merges them in.
+/// ends with `a ⊔ b ⊔ c` whatever order it merges them in; and that merging signed records
+/// yields records that still verify.
 ///
 /// Generations and heartbeats come from small ranges (with an occasional extreme value) and
 /// models from a few names, so that versions collide and model sets overflow.
@@ -35,6 +37,15 @@ pub fn merge_laws(data: &[u8]) {
         assert_eq!(x.models.absorbs(&y.models), x.models.union(&y.models) == x.models, "absorbs disagrees with union");
         if x.version().covers(&y.version()) {
             assert_eq!(j.version(), x.version(), "covers hid a version change");
+        }
+    }
+
+    // Merging what owners and confirmers signed yields only what they signed: no merge forges.
+    let verifier = tela_core::Verifier::with_test_identities();
+    let signed = [&a, &b, &c].iter().all(|x| auth::check(x, &verifier).is_ok());
+    if signed {
+        for j in [a.join(&b), b.join(&c), a.join(&b).join(&c)] {
+            assert_eq!(auth::check(&j, &verifier), Ok(()), "a merge of signed records does not verify");
         }
     }
 
@@ -64,7 +75,27 @@ fn record(u: &mut Unstructured<'_>) -> Result<Record> {
         n => Reachability::Public(format!("10.0.0.{n}:7000")),
     };
     let load = Load { in_flight: u.int_in_range(0..=2)?, queued: u.int_in_range(0..=2)? };
-    Ok(Record { id: ID, generation, state, heartbeat, role, models, hardware, reach, load })
+    let mut r = Record::new(ID, generation, role, hardware, reach);
+    (r.state, r.heartbeat, r.models, r.load) = (state, heartbeat, models, load);
+    // Unsigned, signed by the owner, or signed and marked DOWN by one of two confirmers.
+    match u.int_in_range(0u8..=3)? {
+        0 => {}
+        n => {
+            let [owner, first, second] = identities();
+            owner.seal(&mut r);
+            if n >= 2 {
+                let confirmer = if n == 2 { first } else { second };
+                r = r.with_down_mark(confirmer.mark_down(&r));
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The owner's and two confirmers' test identities, made once (deriving a key costs ~20 µs).
+fn identities() -> &'static [Identity; 3] {
+    static IDS: OnceLock<[Identity; 3]> = OnceLock::new();
+    IDS.get_or_init(|| [ID, NodeId::from_u64(7), NodeId::from_u64(8)].map(Identity::for_test))
 }
 
 /// Usually a value in `0..=max`; one time in sixteen 0, `u64::MAX` or any value.

@@ -10,8 +10,8 @@ use crate::facade::{drive, op, OWN};
 use std::path::Path;
 use tela_core::wire::{self, Builder, DigestEntry, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
-    FabricId, GpuModel, Hardware, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability, Record, Role,
-    Version,
+    FabricId, GpuModel, Hardware, Identity, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability,
+    Record, Role, Version,
 };
 
 /// Named seeds of one target.
@@ -85,6 +85,13 @@ fn peer(id: u64, generation: u8, state: Lifecycle, heartbeat: u16, models: &[u8]
     p.push(models.len() as u8);
     p.extend_from_slice(models);
     p.push(0);
+    p
+}
+
+/// `peer` with extra flag bits: 8 has the next peer mark it DOWN, 16 leaves it unsigned.
+fn peer_flagged(id: u64, state: Lifecycle, heartbeat: u16, models: &[u8], flags: u8) -> Vec<u8> {
+    let mut p = peer(id, 1, state, heartbeat, models);
+    p[5] |= flags;
     p
 }
 
@@ -224,6 +231,16 @@ fn node_scripts() -> Seeds {
                 .bytes(),
         ),
         (
+            "forgeries_change_nothing",
+            serving()
+                .records(3, &[peer_flagged(2, Lifecycle::Serve, 900, &[1, 4], 16)])
+                .records(3, &[peer_flagged(4, Lifecycle::Serve, 2, &[0], 16)])
+                .records(3, &[peer_flagged(2, Lifecycle::Serve, 1, &[1], 8)])
+                .op(op::OWN_ECHO, &[3, 9, 0])
+                .timeouts(4)
+                .bytes(),
+        ),
+        (
             "malformed_datagrams",
             Script::new(PUBLIC)
                 .op(op::RAW_DATAGRAM, &[1, 3, 0, 1, 9, 9])
@@ -252,6 +269,7 @@ fn realistic(n: u64, models: &[&str]) -> Record {
     r.models = ModelSet::from_models(
         models.iter().map(|m| Model { name: (*m).to_string(), quant: Quantization::Bf16 }).collect(),
     );
+    Identity::for_test(r.id).seal(&mut r);
     r
 }
 
@@ -277,9 +295,10 @@ fn wire_seeds() -> Seeds {
         want.push(&NodeId::from_u64(n));
     }
     let mut down = realistic(9, &["m"]);
-    down.state = Lifecycle::Down;
     down.reach = Reachability::OutboundOnly;
     down.hardware = Hardware::CPU;
+    Identity::for_test(down.id).seal(&mut down);
+    let down = down.with_down_mark(Identity::for_test(NodeId::from_u64(4)).mark_down(&down));
     let one = wire::encode_unbounded(&wire::Message::Records(vec![down]));
     let mut ping = ProbeBuilder::ping(MAX_DATAGRAM, 70_000);
     ping.push(&Piggyback::Suspect {
@@ -321,7 +340,8 @@ fn wire_seeds() -> Seeds {
         ("digest", digest.finish().to_vec()),
         ("want", want.finish().to_vec()),
         ("records_empty", vec![wire::WIRE_VERSION, 1, 0]),
-        ("unknown_version", vec![2, 0, 0]),
+        ("unknown_version", vec![9, 0, 0]),
+        ("previous_version", vec![1, 2, 1, 0]),
         ("truncated", vec![wire::WIRE_VERSION, 2, 3, 0]),
     ]
 }
@@ -380,6 +400,18 @@ fn scripted_seeds_do_what_their_names_say() {
     assert!(r.node.stats().datagrams_out > 20);
 
     assert!(run("malformed_datagrams").rejected >= 3);
+
+    let r = run("forgeries_change_nothing");
+    let s = r.node.stats();
+    assert_eq!(s.records_forged, 3, "{s:?}");
+    assert_eq!(s.refutations, 0, "a forged echo made the node refute");
+    assert!(r.node.replica().get(&NodeId::from_u64(4)).is_none());
+    let two = r.node.replica().get(&NodeId::from_u64(2)).map(|s| s.record().clone());
+    assert_eq!(
+        two.map(|t| (t.state, t.heartbeat < 900)),
+        Some((Lifecycle::Down, true)),
+        "forged, or the mark not taken"
+    );
 
     let r = run("swim_probes_and_refutes");
     let s = r.node.stats();

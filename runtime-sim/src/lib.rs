@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod liar;
 pub mod plot;
 pub mod report;
 pub mod report_spin;

@@ -185,6 +185,9 @@ pub struct Report {
     /// Model spinning, for scenarios that spin.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spin: Option<crate::report_spin::SpinReport>,
+    /// Forged records from lying nodes, for scenarios with liars.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authenticity: Option<crate::liar::AuthReport>,
     /// Liveness phase.
     pub liveness: Liveness,
     /// The effective network faults (after swarm draws).
@@ -343,6 +346,7 @@ impl Report {
                 clean_exits: t.clean_exits,
             },
             spin: sim.spin.as_ref().map(|s| crate::report_spin::SpinReport::build(sim, s)),
+            authenticity: sim.liar.as_ref().map(|l| l.report()),
             liveness: Liveness {
                 bound_s: sim.sc.liveness_bound_s,
                 converged_after_ms: t.liveness_converged.map(|m| m as f64 / 1e3),
@@ -377,6 +381,7 @@ impl Report {
              {drain}\n\
              jobs: {pre} preemptions ({pre_s} scheduled), {pkill} killed after the grace period, {wkill} killed at the walltime, {exits} clean exits\n\
              {spin}\
+             {auth}\
              liveness: {live}\n\
              {verdict}",
             scenario = self.scenario,
@@ -422,6 +427,7 @@ impl Report {
             wkill = self.jobs.walltime_kills,
             exits = self.jobs.clean_exits,
             spin = self.spin.as_ref().map_or(String::new(), |s| format!("{}\n", s.summary())),
+            auth = self.authenticity.as_ref().map_or(String::new(), crate::liar::AuthReport::line),
             live = match self.liveness.converged_after_ms {
                 Some(ms) => format!("all live replicas equal {:.0} ms after faults stopped (bound {} s)", ms, self.liveness.bound_s),
                 None => format!("live replicas NOT equal within the run (bound {} s)", self.liveness.bound_s),

@@ -40,6 +40,8 @@ pub struct Scenario {
     /// Model spinning: Slurm partitions, spinnable models and their demand over the day. Off when
     /// it names no model.
     pub spin: Spin,
+    /// Lying nodes that send forged records (see [`crate::liar`]). Off unless it names nodes.
+    pub liar: crate::liar::LiarConfig,
 }
 
 /// Nodes and what they serve.
@@ -407,6 +409,7 @@ impl Default for Scenario {
             workload: Workload::default(),
             swarm: Swarm::default(),
             spin: Spin::default(),
+            liar: crate::liar::LiarConfig::default(),
         }
     }
 }

@@ -237,6 +237,8 @@ pub struct Sim {
     started: std::time::Instant,
     /// Model spinning, when the scenario has it.
     pub(crate) spin: Option<Box<crate::spin::SpinWorld>>,
+    /// Lying nodes, once they have started.
+    pub(crate) liar: Option<Box<crate::liar::Liars>>,
 }
 
 /// Resource guards for a run. They stop a run that would take the machine down; a stopped run
@@ -290,6 +292,7 @@ impl Sim {
             limits,
             started: std::time::Instant::now(),
             spin: None,
+            liar: None,
         }
     }
 
@@ -545,6 +548,7 @@ impl Sim {
 
     fn sample(&mut self) {
         self.t.on_second(self.now);
+        crate::liar::tick(self);
         if self.t.seconds % 5 == 0 {
             let rss = crate::report::current_rss_mb();
             if rss > self.limits.max_rss_mb {

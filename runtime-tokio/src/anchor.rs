@@ -72,14 +72,15 @@ impl Anchor {
         endpoint: EndpointConfig,
         streams: StreamHandler,
     ) -> Result<Anchor, AnchorError> {
-        let id = endpoint.identity.node_id();
+        let signer = endpoint.identity.signer().clone();
         let endpoint = Endpoint::listen(config.listen, endpoint)?;
         let bound = endpoint.local_addr().unwrap_or(config.listen);
         let advertise = config.advertise.clone().unwrap_or_else(|| bound.to_string());
         if advertise.len() > tela_core::record::MAX_ADDR {
             return Err(AnchorError::AdvertiseTooLong(advertise));
         }
-        let mut node = Config::new(id, generation_now());
+        // Gateways are nodes in the registry too: they sign with their identity key.
+        let mut node = Config::with_identity(signer, generation_now());
         node.role = Role::Gateway;
         node.reach = Reachability::Public(advertise);
         node.drain_window = config.drain_window;

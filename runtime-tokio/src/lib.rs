@@ -46,7 +46,7 @@
 //!
 //! // ...and a serving node that dials it and announces a model.
 //! let identity = Identity::generate()?;
-//! let mut config = RuntimeConfig::new(Config::new(identity.node_id(), tela_runtime::clock::generation_now()));
+//! let mut config = RuntimeConfig::new(Config::with_identity(identity.signer().clone(), tela_runtime::clock::generation_now()));
 //! config.join = vec![anchor.local_addr().to_string()];
 //! let endpoint = Endpoint::dialer(EndpointConfig::new(identity, secret))?;
 //! let node = Runtime::start(config, endpoint, tela_runtime::runtime::refuse_streams());

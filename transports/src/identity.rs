@@ -70,6 +70,7 @@ pub struct Identity {
     public_key: [u8; 32],
     pkcs8: Vec<u8>,
     certificate: CertificateDer<'static>,
+    signer: tela_core::Identity,
 }
 
 impl Clone for Identity {
@@ -79,6 +80,7 @@ impl Clone for Identity {
             public_key: self.public_key,
             pkcs8: self.pkcs8.clone(),
             certificate: self.certificate.clone(),
+            signer: self.signer.clone(),
         }
     }
 }
@@ -139,6 +141,12 @@ impl Identity {
         &self.certificate
     }
 
+    /// The same key as the core signs records with ([`tela_core::auth`]): its id is this
+    /// identity's [`Identity::node_id`], so peers accept the records this node signs.
+    pub fn signer(&self) -> &tela_core::Identity {
+        &self.signer
+    }
+
     pub(crate) fn private_key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.pkcs8.clone()))
     }
@@ -176,8 +184,29 @@ impl Identity {
         let mut params = CertificateParams::new(vec!["tela".to_string()]).map_err(|e| e.to_string())?;
         params.distinguished_name.push(DnType::CommonName, format!("tela node {node_id:?}"));
         let certificate = params.self_signed(key).map_err(|e| e.to_string())?;
-        Ok(Identity { node_id, public_key, pkcs8: key.serialize_der(), certificate: certificate.der().clone() })
+        let pkcs8 = key.serialize_der();
+        let signer = tela_core::Identity::from_secret(&ed25519_secret(&pkcs8)?);
+        if signer.id() != node_id {
+            return Err("the private key does not match its public key".to_string());
+        }
+        Ok(Identity { node_id, public_key, pkcs8, certificate: certificate.der().clone(), signer })
     }
+}
+
+/// The 32-byte Ed25519 secret in a PKCS#8 document (RFC 8410, v1 or v2): the octet string that
+/// follows the Ed25519 algorithm identifier, itself an octet string of 32 bytes.
+fn ed25519_secret(pkcs8: &[u8]) -> Result<[u8; 32], String> {
+    const ALGORITHM: [u8; 7] = [0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70];
+    const SECRET: [u8; 4] = [0x04, 0x22, 0x04, 0x20];
+    let at = pkcs8.windows(ALGORITHM.len()).position(|w| w == ALGORITHM).ok_or("no Ed25519 algorithm identifier")?;
+    let rest = &pkcs8[at + ALGORITHM.len()..];
+    let secret = rest
+        .strip_prefix(&SECRET[..])
+        .and_then(|r| r.get(..32))
+        .ok_or("the private key is not a 32-byte Ed25519 secret")?;
+    let mut out = [0u8; 32];
+    out.copy_from_slice(secret);
+    Ok(out)
 }
 
 /// The [`NodeId`] of a raw public key: the first 16 bytes of its SHA-256.
@@ -233,6 +262,27 @@ fn warn_if_readable_by_others(_path: &Path) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_are_signed_with_the_key_whose_hash_is_the_node_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("identity.key");
+        let first = Identity::load_or_create(&path).expect("create");
+        assert_eq!(first.signer().id(), first.node_id());
+        assert_eq!(&first.signer().public_key(), first.public_key());
+        // The same key after a reload: the node keeps signing for the same id.
+        let again = Identity::load_or_create(&path).expect("load");
+        assert_eq!(again.signer(), first.signer());
+        let mut record = tela_core::Record::new(
+            first.node_id(),
+            1,
+            tela_core::Role::Serving,
+            tela_core::Hardware::CPU,
+            tela_core::Reachability::OutboundOnly,
+        );
+        first.signer().seal(&mut record);
+        assert_eq!(tela_core::auth::check(&record, &tela_core::Verifier::strict()), Ok(()));
+    }
 
     #[test]
     fn a_corrupt_key_file_is_a_typed_error() {

@@ -78,7 +78,8 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     tracing::info!("{}", discovery.to_string().trim_end().replace('\n', "; "));
     let backend = Backend::new(&settings.backend_url).map_err(NodeConfigError::from)?;
 
-    let mut core = Config::new(identity.node_id(), generation_now());
+    // Records are signed with the identity key, whose hash is the node id peers check.
+    let mut core = Config::with_identity(identity.signer().clone(), generation_now());
     core.role = Role::Serving;
     core.reach = Reachability::OutboundOnly;
     core.hardware = discovery.hardware.clone();
