@@ -130,7 +130,9 @@ fn lie(sim: &mut Sim, liars: &mut Liars, liar: u32) {
         .slots()
         .iter()
         .map(|s| &**s.record())
-        .filter(|r| r.id != me.id() && r.seal.key != [0; 32])
+        // A record that already carries a DOWN mark keeps it under `with_down_mark`, so a lie
+        // about it could come out as the honest record; lie about unmarked ones.
+        .filter(|r| r.id != me.id() && r.seal.key != [0; 32] && r.down.is_none())
         .collect();
     let running: Vec<u32> =
         (0..sim.hosts.len() as u32).filter(|&h| h != liar && sim.hosts[h as usize].running()).collect();
