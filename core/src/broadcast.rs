@@ -9,7 +9,8 @@
 //!   ([`Update::covers`]) is dropped, so nothing superseded is ever sent;
 //! - [`BroadcastQueue::fill`] hands out items in order of fewest transmissions first, newest first
 //!   among equals, taking each item that still fits the remaining bytes;
-//! - each item is sent at most `ceil(lambda · log2(n + 1))` times ([`BroadcastQueue::transmit_limit`])
+//! - each item is sent at most `ceil(lambda · log2(n + 1))` times ([`BroadcastQueue::transmit_limit`];
+//!   `lambda · ceil(log10(n + 1))`, memberlist's limit, with [`BroadcastQueue::per_decade`])
 //!   for a cluster of `n` nodes, the bound under which epidemic dissemination reaches every node
 //!   with high probability, and is then forgotten;
 //! - at most `capacity` items are held; when full, the most-sent item makes room (it has had the
@@ -122,6 +123,9 @@ const MAX_SKIPS: usize = 16;
 #[derive(Clone, Debug)]
 pub struct BroadcastQueue<T> {
     lambda: f64,
+    /// Count sends per decade of cluster size (`lambda · ceil(log10(n + 1))`, memberlist's
+    /// limit) instead of per doubling.
+    decades: bool,
     capacity: usize,
     next_seq: u64,
     entries: HashMap<NodeId, Entry<T>, FixedState>,
@@ -135,6 +139,7 @@ impl<T: Update> BroadcastQueue<T> {
     pub fn new(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
         BroadcastQueue {
             lambda: if lambda.is_finite() { lambda.max(0.0) } else { 0.0 },
+            decades: false,
             capacity: capacity.max(1),
             next_seq: 0,
             entries: HashMap::with_hasher(FixedState::default()),
@@ -143,11 +148,23 @@ impl<T: Update> BroadcastQueue<T> {
         }
     }
 
+    /// An empty queue whose items are each sent at most `lambda · ceil(log10(n + 1))` times
+    /// (memberlist's retransmit limit): fewer sends than [`BroadcastQueue::new`]'s, for large
+    /// items whose spreading is backed by anti-entropy.
+    pub fn per_decade(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
+        BroadcastQueue { decades: true, ..BroadcastQueue::new(lambda, capacity) }
+    }
+
     /// How many times one item is sent in a cluster of `cluster_size` nodes (at least 1).
     pub fn transmit_limit(&self, cluster_size: usize) -> u32 {
         let n = u64::try_from(cluster_size).unwrap_or(u64::MAX).saturating_add(1);
-        let log2 = log2_fixed(n) as f64 / LOG2_ONE as f64;
-        let limit = (self.lambda * log2).ceil();
+        let log = if self.decades {
+            // ceil(log10 n) is the number of decimal digits of n - 1, exact for every n.
+            f64::from((n - 1).checked_ilog10().map_or(0, |d| d + 1))
+        } else {
+            log2_fixed(n) as f64 / LOG2_ONE as f64
+        };
+        let limit = (self.lambda * log).ceil();
         // `as` saturates floats into the integer's range.
         (limit as u32).max(1)
     }
@@ -347,6 +364,12 @@ mod tests {
         assert_eq!(q.transmit_limit(10_000), 14); // log2(10_001) = 13.29
         let q = BroadcastQueue::<Up>::new(3.0, 10);
         assert_eq!(q.transmit_limit(7), 9);
+        let q = BroadcastQueue::<Up>::per_decade(4.0, 10);
+        assert_eq!(q.transmit_limit(0), 1);
+        assert_eq!(q.transmit_limit(9), 4); // log10(10) = 1
+        assert_eq!(q.transmit_limit(10), 8); // log10(11) = 1.04
+        assert_eq!(q.transmit_limit(100), 12);
+        assert_eq!(q.transmit_limit(10_000), 20);
         assert_eq!(BroadcastQueue::<Up>::new(f64::NAN, 1).transmit_limit(1000), 1);
         assert_eq!(BroadcastQueue::<Up>::new(f64::INFINITY, 1).transmit_limit(1000), 1);
         assert_eq!(BroadcastQueue::<Up>::new(1e300, 1).transmit_limit(1000), u32::MAX);

@@ -99,7 +99,9 @@ pub struct SwimSettings {
     pub gossip_interval: Duration,
     /// Peers sent each gossip round.
     pub gossip_fanout: usize,
-    /// `lambda`: each update is sent `ceil(lambda · log2(n + 1))` times in a cluster of `n`.
+    /// `lambda`: each suspicion is sent `ceil(lambda · log2(n + 1))` times in a cluster of `n`,
+    /// each record `lambda · ceil(log10(n + 1))` times (memberlist's limit: records are large,
+    /// and anti-entropy repairs what the epidemic misses).
     pub retransmit_mult: u32,
     /// Most updates each broadcast queue holds.
     pub queue_capacity: usize,
@@ -182,7 +184,7 @@ impl SwimState {
         let detector = Swim::new(local, settings.detector.clone(), rng_seed ^ 0x5157_494d, now);
         let lambda = f64::from(settings.retransmit_mult);
         SwimState {
-            records: BroadcastQueue::new(lambda, settings.queue_capacity),
+            records: BroadcastQueue::per_decade(lambda, settings.queue_capacity),
             suspicions: BroadcastQueue::new(lambda, settings.queue_capacity),
             suspects: BTreeSet::new(),
             next_notice: now,
