@@ -38,6 +38,9 @@ pub struct Convergence {
     pub incomplete: u64,
     /// Serf's logistic estimate for 99.99% of nodes, for this size, fanout, interval and loss.
     pub serf_bound_ms: f64,
+    /// The same for the changes that began once the federation had formed (a minute after the
+    /// scenario's last initial join), apart from the join storm.
+    pub settled: Percentiles,
 }
 
 /// Failure detection.
@@ -306,6 +309,7 @@ impl Report {
                 latency: Percentiles::of(t.convergence_ms.clone()),
                 incomplete: t.convergence_incomplete,
                 serf_bound_ms: serf_ms,
+                settled: Percentiles::of(t.convergence_settled_ms.clone()),
             },
             detection: Detection {
                 all_nodes: Percentiles::of(t.detection_ms.clone()),
@@ -375,7 +379,7 @@ impl Report {
         format!(
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s); max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
-             convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms\n\
+             convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
              requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
              {drain}\n\
@@ -405,6 +409,9 @@ impl Report {
             c100 = c.latency.p100_ms,
             cn = c.latency.count,
             cinc = c.incomplete,
+            s50 = c.settled.p50_ms,
+            s99 = c.settled.p99_ms,
+            sn = c.settled.count,
             serf = c.serf_bound_ms,
             d50 = d.all_nodes.p50_ms,
             d100 = d.all_nodes.p100_ms,

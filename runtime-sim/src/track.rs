@@ -130,6 +130,10 @@ pub(crate) struct Trackers {
     second_bytes: u64,
     changes: Vec<Change>,
     pub convergence_ms: Vec<f64>,
+    /// Convergence of the changes that began once the federation had formed (at `settle_at`).
+    pub convergence_settled_ms: Vec<f64>,
+    /// When the federation counts as formed: a minute after the last initial join.
+    pub settle_at: Micros,
     pub convergence_incomplete: u64,
     pub curves: Vec<Curve>,
     detections: Vec<Detection>,
@@ -273,6 +277,9 @@ impl Trackers {
                     );
                 }
                 self.convergence_ms.push((now - c.t0) as f64 / 1e3);
+                if c.t0 >= self.settle_at {
+                    self.convergence_settled_ms.push((now - c.t0) as f64 / 1e3);
+                }
                 if self.curves.len() < 400 {
                     self.curves.push(Curve { points: c.curve, total: c.total });
                 }

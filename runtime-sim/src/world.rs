@@ -118,6 +118,7 @@ pub(crate) fn build(sim: &mut Sim) {
         let t = micros(sim.world_rng.random_range(0.0..f.join_spread_s.max(1e-3)));
         sim.at(t, Kind::Start(h));
     }
+    sim.t.settle_at = micros(f.join_spread_s + SETTLE_S);
     let watched: Vec<u32> = (0..g.min(2)).chain(g..n_hosts.min(g + 6)).collect();
     sim.t.watch(&watched);
     schedule_faults(sim, g, n_hosts);
@@ -544,3 +545,7 @@ impl Sim {
         }
     }
 }
+
+/// Seconds after the last initial join from which the federation counts as formed: changes from
+/// then on are reported apart from the join storm's (`Convergence::settled` in the report).
+pub const SETTLE_S: f64 = 60.0;
