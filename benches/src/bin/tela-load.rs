@@ -20,7 +20,7 @@
 //! cargo build --release -p tela-gateway -p tela-benches
 //! benches/setup-vllm-router.sh            # optional: vllm-router 0.1.17 into .ci/cache/bench-venv
 //! target/release/tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH]
-//!                           [--node-transport auto|quic|tcp]
+//!                           [--node-transport auto|quic|tcp] [--concurrency 1,32]
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -84,6 +84,7 @@ struct Args {
     requests: usize,
     seconds: f64,
     node_transport: String,
+    concurrency: Vec<usize>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -94,6 +95,7 @@ fn parse_args() -> Result<Args> {
         requests: 20_000,
         seconds: 10.0,
         node_transport: "auto".into(),
+        concurrency: vec![1, 32],
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -105,10 +107,13 @@ fn parse_args() -> Result<Args> {
             "--requests" => args.requests = value()?.parse()?,
             "--seconds" => args.seconds = value()?.parse()?,
             "--node-transport" => args.node_transport = value()?,
+            "--concurrency" => {
+                args.concurrency = value()?.split(',').map(str::parse).collect::<std::result::Result<_, _>>()?
+            }
             "-h" | "--help" => {
                 println!(
                     "tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH | --no-vllm-router] \
-                     [--node-transport auto|quic|tcp]"
+                     [--node-transport auto|quic|tcp] [--concurrency 1,32]"
                 );
                 std::process::exit(0);
             }
@@ -397,7 +402,7 @@ async fn main() -> Result<()> {
         "{:<12} {:<6} {:>4} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>10}",
         "path", "mode", "conc", "reqs", "errors", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms"
     );
-    for concurrency in [1usize, 32] {
+    for &concurrency in &args.concurrency {
         for stream in [false, true] {
             let mode = if stream { "stream" } else { "json" };
             let requests = if concurrency == 1 { args.requests / 10 } else { args.requests };
