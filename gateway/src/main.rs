@@ -37,15 +37,26 @@ enum Command {
     Hardware(HardwareArgs),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let (Command::Gateway(gateway), Some(("gateway", sub))) = (&mut cli.command, matches.subcommand()) {
         gateway.note_explicit(sub);
     }
     tela_gateway::logging::init(cli.log.as_deref())?;
-    match cli.command {
+    // A node forwards for one engine: on one thread, a request's hops (tunnel stream, engine
+    // connection, back) are plain task switches, where a multi-threaded scheduler wakes idle
+    // workers on other cores for each of them and adds their wake-up latency to every request.
+    let runtime = match cli.command {
+        Command::Node(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    }
+    .context("starting the async runtime")?;
+    runtime.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Demo(args) => args.run().await.context("tela demo")?,
         Command::Gateway(args) => args.run().await.context("tela gateway")?,
         Command::EngineSim(args) => args.run().await.context("tela engine-sim")?,

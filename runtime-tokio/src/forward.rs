@@ -2,9 +2,11 @@
 //! writes a [`RequestHead`] and the body; the node forwards it to the engine on loopback and
 //! streams the response back as it arrives.
 //!
-//! - **No buffering**: each body frame from the engine is written and flushed to the stream
-//!   as soon as it arrives, so server-sent events flow token by token; the request body is
-//!   streamed to the engine the same way.
+//! - **No buffering**: body bytes from the engine are written and flushed to the stream as
+//!   soon as they arrive, so server-sent events flow token by token; the request body is
+//!   streamed to the engine the same way. Frames the engine connection already holds go out
+//!   together (the first of them with the response head), so a short answer crosses the
+//!   tunnel as one packet; nothing waits for bytes that have not arrived.
 //! - **Idle timeouts, not total ones**: the engine may take as long as it likes overall (a
 //!   long generation), but a silence longer than [`ForwardConfig::idle_timeout`] before the
 //!   response head or between two frames ends the request.
@@ -27,13 +29,15 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
+use hyper::body::{Body, Frame, Incoming};
+use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tela_core::Lifecycle;
 use tela_transports::tunnel::{
-    read_request_head, write_accepted, write_accepted_response_head, write_response_head, RequestHead, ResponseHead,
-    TunnelError,
+    read_request_head, write_accepted, write_response_start, RequestHead, ResponseHead, TunnelError,
 };
 use tela_transports::SendStream;
 use tokio::io::AsyncWriteExt;
@@ -105,14 +109,12 @@ impl Reply {
         Ok(())
     }
 
-    /// Sends the response head, with the marker in the same write if it is still due.
-    async fn head(&mut self, head: &ResponseHead) -> Result<(), TunnelError> {
-        if self.accepted {
-            write_response_head(&mut self.send, head).await
-        } else {
-            self.accepted = true;
-            write_accepted_response_head(&mut self.send, head).await
-        }
+    /// Sends the response head and the first body bytes, with the marker in the same write if
+    /// it is still due.
+    async fn head(&mut self, head: &ResponseHead, body: &[u8]) -> Result<(), TunnelError> {
+        let with_marker = !self.accepted;
+        self.accepted = true;
+        write_response_start(&mut self.send, with_marker, head, body).await
     }
 }
 
@@ -229,19 +231,34 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
         .collect();
     headers.push((NODE_HEADER.into(), view.node_id().to_string().into_bytes()));
     let head = ResponseHead { status: parts.status.as_u16(), headers };
-    if send.head(&head).await.is_err() {
+    // What the engine has already sent goes out with the head: a short answer crosses the
+    // tunnel as one packet (marker, head, body and end) instead of one per part.
+    let mut out = Vec::new();
+    let mut gathered = gather_ready(&mut body, &mut out).await;
+    let mut bytes = out.len() as u64;
+    if send.head(&head, &out).await.is_err() {
         return; // the gateway went away
     }
     let mut send = send.send;
-    let mut bytes = 0u64;
     loop {
-        let frame = match tokio::time::timeout(config.idle_timeout, body.frame()).await {
-            Ok(Some(Ok(frame))) => frame,
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
+        match gathered {
+            Gathered::Ended => break,
+            Gathered::Broken(e) => {
                 tracing::warn!("{method} {path}: the engine's response broke after {bytes} bytes: {}", error_chain(&e));
                 return; // ends the stream without a clean finish of the body
             }
+            Gathered::More => {}
+        }
+        out.clear();
+        gathered = match tokio::time::timeout(config.idle_timeout, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+                gather_ready(&mut body, &mut out).await
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => Gathered::Broken(e),
             Err(_) => {
                 tracing::warn!(
                     "{method} {path}: the engine sent nothing for {:?} after {bytes} bytes; ending the response",
@@ -250,17 +267,66 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
                 return;
             }
         };
-        if let Ok(data) = frame.into_data() {
-            bytes += data.len() as u64;
-            if send.write_all(&data).await.is_err() || send.flush().await.is_err() {
-                // The client or gateway went away; dropping the engine response closes its
-                // connection, which stops the generation.
-                tracing::debug!("{method} {path}: the gateway stopped reading after {bytes} bytes");
-                return;
-            }
+        if out.is_empty() {
+            continue;
+        }
+        bytes += out.len() as u64;
+        if send.write_all(&out).await.is_err() || send.flush().await.is_err() {
+            // The client or gateway went away; dropping the engine response closes its
+            // connection, which stops the generation.
+            tracing::debug!("{method} {path}: the gateway stopped reading after {bytes} bytes");
+            return;
         }
     }
     let _ = send.shutdown().await;
+}
+
+/// The most body bytes gathered into one write to the tunnel.
+const GATHER_LIMIT: usize = 64 * 1024;
+
+/// How the engine's response stands after [`gather_ready`].
+enum Gathered {
+    /// More may come.
+    More,
+    /// The body is complete.
+    Ended,
+    /// The engine's response broke.
+    Broken(hyper::Error),
+}
+
+/// Appends to `out` the body frames the engine has already sent, without waiting for any that
+/// has not arrived: the engine connection's task gets one turn of the scheduler to hand over
+/// what it has read, so a token that is in flight goes out microseconds later, never held back
+/// for the next one. Server-sent events thus still flow token by token, while frames that
+/// arrived together (a short answer, a burst of events) share one write and one packet.
+async fn gather_ready(body: &mut Incoming, out: &mut Vec<u8>) -> Gathered {
+    while out.len() < GATHER_LIMIT {
+        if body.is_end_stream() {
+            return Gathered::Ended;
+        }
+        let mut yielded = false;
+        let ready = poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Some(frame)),
+            Poll::Pending if !yielded => {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        match ready {
+            None => return Gathered::More,
+            Some(None) => return Gathered::Ended,
+            Some(Some(Err(e))) => return Gathered::Broken(e),
+            Some(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+    Gathered::More
 }
 
 fn build_request(
@@ -303,8 +369,7 @@ async fn respond_error(
             (NODE_HEADER.into(), node.to_string().into_bytes()),
         ],
     };
-    send.head(&head).await?;
-    send.send.write_all(&body).await?;
+    send.head(&head, &body).await?;
     send.send.shutdown().await?;
     Ok(())
 }

@@ -8,10 +8,11 @@
 //!
 //! The acceptor answers a request head promptly with an *accepted* marker (a zero length, which
 //! no head has) — alone if the response head is not ready within a few milliseconds, else in
-//! the same write as the head ([`write_accepted_response_head`]). The opener can thus
-//! tell a live peer that is still working from one that is gone — a killed process behind QUIC
-//! sends no reset — within a round trip: see [`read_accepted`]. [`read_response_head`] skips
-//! the marker, so a reader that does not care need not read it separately.
+//! the same write as the head ([`write_response_start`], which can carry the first body bytes
+//! too). The opener can thus tell a live peer that is still working from one that is gone — a
+//! killed process behind QUIC sends no reset — within a round trip: see [`read_accepted`].
+//! [`read_response_head`] skips the marker, so a reader that does not care need not read it
+//! separately.
 //!
 //! Lengths are big-endian and at most [`MAX_HEAD`]; a larger or malformed head is a
 //! [`TunnelError`], never a panic. Bodies are raw bytes passed through unchanged and ended by
@@ -120,8 +121,25 @@ pub async fn write_accepted_response_head<W: AsyncWrite + Unpin>(
     w: &mut W,
     head: &ResponseHead,
 ) -> Result<(), TunnelError> {
-    let mut bytes = ACCEPTED.to_vec();
-    bytes.extend_from_slice(&encode_head(head)?);
+    write_response_start(w, true, head, &[]).await
+}
+
+/// Writes a response head — after the accepted marker when `with_marker` — followed by the
+/// first body bytes, in one write: a short answer then crosses the tunnel as one frame or
+/// packet instead of one per part, and the opener wakes once for it.
+pub async fn write_response_start<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    with_marker: bool,
+    head: &ResponseHead,
+    body: &[u8],
+) -> Result<(), TunnelError> {
+    let encoded = encode_head(head)?;
+    let mut bytes = Vec::with_capacity(ACCEPTED.len() + encoded.len() + body.len());
+    if with_marker {
+        bytes.extend_from_slice(&ACCEPTED);
+    }
+    bytes.extend_from_slice(&encoded);
+    bytes.extend_from_slice(body);
     w.write_all(&bytes).await?;
     w.flush().await?;
     Ok(())
@@ -288,6 +306,13 @@ mod tests {
         write_accepted_response_head(&mut together, &resp).await.expect("write");
         together.extend_from_slice(b"BODY");
         assert_eq!(together, wire, "one write, the same bytes");
+
+        let mut start = Vec::new();
+        write_response_start(&mut start, true, &resp, b"BODY").await.expect("write");
+        assert_eq!(start, wire, "marker, head and body in one write, the same bytes");
+        let mut start = Vec::new();
+        write_response_start(&mut start, false, &resp, b"BODY").await.expect("write");
+        assert_eq!(start, wire[ACCEPTED.len()..], "without the marker when it went out before");
 
         let head_only = encode_head(&resp).expect("encode");
         assert!(matches!(read_accepted(&mut head_only.as_slice()).await, Err(TunnelError::Malformed(_))));

@@ -13,14 +13,16 @@
 //! connection with `TCP_NODELAY` (a per-stream stall on keep-alive connections shows up as
 //! ~40 ms at p50). Latency is request sent to last body byte; "added" is the path's percentile
 //! minus the direct one. The gateway's resident memory is read from `/proc` when idle and
-//! after the load. Every phase is bounded in requests and in time, and every process started
-//! is killed on exit.
+//! after the load. `--counters` adds, for each Tela phase, the CPU time and context switches
+//! per request of the gateway and of the nodes (from `/proc`): unlike latency, they hardly move
+//! with other load on the machine, so they compare two builds on a busy one. Every phase is
+//! bounded in requests and in time, and every process started is killed on exit.
 //!
 //! ```text
 //! cargo build --release -p tela-gateway -p tela-benches
 //! benches/setup-vllm-router.sh            # optional: vllm-router 0.1.17 into .ci/cache/bench-venv
 //! target/release/tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH]
-//!                           [--node-transport auto|quic|tcp]
+//!                           [--node-transport auto|quic|tcp] [--concurrency 1,32] [--counters]
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -84,6 +86,8 @@ struct Args {
     requests: usize,
     seconds: f64,
     node_transport: String,
+    concurrency: Vec<usize>,
+    counters: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -94,6 +98,8 @@ fn parse_args() -> Result<Args> {
         requests: 20_000,
         seconds: 10.0,
         node_transport: "auto".into(),
+        concurrency: vec![1, 32],
+        counters: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -105,10 +111,14 @@ fn parse_args() -> Result<Args> {
             "--requests" => args.requests = value()?.parse()?,
             "--seconds" => args.seconds = value()?.parse()?,
             "--node-transport" => args.node_transport = value()?,
+            "--counters" => args.counters = true,
+            "--concurrency" => {
+                args.concurrency = value()?.split(',').map(str::parse).collect::<std::result::Result<_, _>>()?
+            }
             "-h" | "--help" => {
                 println!(
                     "tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH | --no-vllm-router] \
-                     [--node-transport auto|quic|tcp]"
+                     [--node-transport auto|quic|tcp] [--concurrency 1,32] [--counters]"
                 );
                 std::process::exit(0);
             }
@@ -336,8 +346,9 @@ async fn main() -> Result<()> {
     let gateway: SocketAddr =
         lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
     let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
+    let mut node_pids = Vec::new();
     for (i, e) in engines.iter().enumerate() {
-        procs.spawn(
+        let (pid, _) = procs.spawn(
             &format!("tela node {i}"),
             Command::new(&args.tela)
                 .args(["node", "--join", &anchor, "--backend-url", &format!("http://{e}")])
@@ -350,6 +361,7 @@ async fn main() -> Result<()> {
                 .env("RUST_LOG", "warn"),
             0,
         )?;
+        node_pids.push(pid);
     }
     ready(gateway, "/health", None, Duration::from_secs(30), |b| {
         serde_json::from_slice::<serde_json::Value>(b).is_ok_and(|v| v["serving_nodes"] == 2)
@@ -397,7 +409,7 @@ async fn main() -> Result<()> {
         "{:<12} {:<6} {:>4} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>10}",
         "path", "mode", "conc", "reqs", "errors", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms"
     );
-    for concurrency in [1usize, 32] {
+    for &concurrency in &args.concurrency {
         for stream in [false, true] {
             let mode = if stream { "stream" } else { "json" };
             let requests = if concurrency == 1 { args.requests / 10 } else { args.requests };
@@ -410,7 +422,19 @@ async fn main() -> Result<()> {
             for (name, targets, key) in paths {
                 // Warm up connections, pools and caches first.
                 load(&targets, concurrency, stream, concurrency * 20, 5.0, key).await?;
+                let before = (sched(&[gw_pid]), sched(&node_pids));
                 let o = load(&targets, concurrency, stream, requests, args.seconds, key).await?;
+                if name == "tela" && args.counters {
+                    let n = o.latencies.len().max(1) as f64;
+                    let (g, nd) = (sched(&[gw_pid]).since(before.0), sched(&node_pids).since(before.1));
+                    eprintln!(
+                        "  per request: gateway {:.1} us cpu {:.2} switches; nodes {:.1} us cpu {:.2} switches",
+                        g.cpu_ns as f64 / n / 1e3,
+                        g.switches as f64 / n,
+                        nd.cpu_ns as f64 / n / 1e3,
+                        nd.switches as f64 / n
+                    );
+                }
                 let (p50, p99) = (pct(&o.latencies, 0.50), pct(&o.latencies, 0.99));
                 if name == "direct" {
                     base = (p50, p99);
@@ -448,4 +472,44 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// CPU time and context switches of a set of processes, all threads summed.
+#[derive(Clone, Copy, Default)]
+struct Sched {
+    cpu_ns: u64,
+    switches: u64,
+}
+
+impl Sched {
+    fn since(self, before: Sched) -> Sched {
+        Sched {
+            cpu_ns: self.cpu_ns.saturating_sub(before.cpu_ns),
+            switches: self.switches.saturating_sub(before.switches),
+        }
+    }
+}
+
+/// Reads [`Sched`] from `/proc` (zero for processes that are gone).
+fn sched(pids: &[u32]) -> Sched {
+    let mut total = Sched::default();
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total.cpu_ns += s.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            }
+            if let Ok(s) = std::fs::read_to_string(t.path().join("status")) {
+                for l in s.lines() {
+                    if let Some(v) = l
+                        .strip_prefix("voluntary_ctxt_switches:")
+                        .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                    {
+                        total.switches += v.trim().parse::<u64>().unwrap_or(0);
+                    }
+                }
+            }
+        }
+    }
+    total
 }
