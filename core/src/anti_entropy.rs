@@ -32,7 +32,9 @@
 
 use crate::id::NodeId;
 use crate::node::Node;
-use crate::replica::{bucket_of, sync_hash, BUCKETS};
+#[cfg(doc)]
+use crate::replica::sync_hash;
+use crate::replica::{bucket_of, BUCKETS};
 use crate::time::Time;
 use crate::timer::Timer;
 #[cfg(doc)]
@@ -167,7 +169,7 @@ impl Node {
         let mut want = Builder::<NodeId>::new(limit);
         let mut want_count = 0;
         for e in entries {
-            let differs = self.replica.get(&e.id).map_or(true, |s| sync_hash(s.record()) != u32::from_le_bytes(e.hash));
+            let differs = self.replica.get(&e.id).map_or(true, |s| s.sync_hash() != u32::from_le_bytes(e.hash));
             if differs && e.id != self.config.id {
                 want_count += 1;
                 if !want.push(&e.id) {
@@ -187,7 +189,7 @@ impl Node {
             let r = slot.record();
             let listed = theirs.get(&r.id);
             let send = match listed {
-                Some(h) => *h != sync_hash(r),
+                Some(h) => *h != slot.sync_hash(),
                 None => complete.contains(&(bucket_of(&r.id, count) as u16)),
             };
             if send {
@@ -223,7 +225,7 @@ impl Node {
             let r = slot.record();
             let b = bucket_of(&r.id, count);
             if wanted[b] {
-                out.entry(b as u16).or_default().push(BucketEntry { id: r.id, hash: sync_hash(r).to_le_bytes() });
+                out.entry(b as u16).or_default().push(BucketEntry { id: r.id, hash: slot.sync_hash().to_le_bytes() });
             }
         }
         out

@@ -78,6 +78,11 @@ impl Slot {
         self.routable
     }
 
+    /// The record's [`sync_hash`], from the kept content stamp.
+    pub fn sync_hash(&self) -> u32 {
+        sync_of(&self.record, self.stamp)
+    }
+
     /// A tombstone past half its lifetime, no longer advertised ([`Replica::collect_tombstones`]).
     pub fn is_retired(&self) -> bool {
         self.retired
@@ -144,9 +149,14 @@ pub fn bucket_of(id: &NodeId, count: usize) -> usize {
 /// heartbeat, which is the incarnation that refutes a suspicion) and the content. Load is left
 /// out: it is not spread in Swim mode.
 pub fn sync_hash(r: &Record) -> u32 {
+    sync_of(r, content_stamp(r))
+}
+
+/// [`sync_hash`] from the record's version and its content stamp, which slots keep: a merge
+/// that moves only the version does not hash the content again.
+fn sync_of(r: &Record, stamp: u32) -> u32 {
     use core::hash::BuildHasher;
-    FixedState::default().hash_one((r.id, r.generation, r.state, r.heartbeat, &r.models, &r.hardware, &r.reach, r.role))
-        as u32
+    FixedState::default().hash_one((r.id, r.generation, r.state, r.heartbeat, stamp)) as u32
 }
 
 /// Hash of what replicas must agree on about one record: identity, generation, state, models.
@@ -244,7 +254,7 @@ impl Replica {
             let id = incoming.id;
             let alive = incoming.state < Lifecycle::Left;
             self.view ^= view_hash(&incoming);
-            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_hash(&incoming);
+            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, content_stamp(&incoming));
             let beat = incoming.heartbeat;
             let stamp = content_stamp(&incoming);
             let slot = Slot {
@@ -281,8 +291,7 @@ impl Replica {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
         // A retired tombstone is already out of the hashes; a newer version brings the node back.
-        let out = if self.slots[i].retired { 0 } else { sync_hash(old) };
-        self.buckets[bucket_of(&merged.id, BUCKETS)] ^= out ^ sync_hash(&merged);
+        let out = if self.slots[i].retired { 0 } else { self.slots[i].sync_hash() };
         self.slots[i].retired = false;
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
@@ -292,6 +301,9 @@ impl Replica {
         {
             slot.stamp = content_stamp(&slot.record);
         }
+        let into = slot.sync_hash();
+        self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= out ^ into;
+        let slot = &mut self.slots[i];
         slot.beat = if new_generation { slot.record.heartbeat } else { slot.beat.max(slot.record.heartbeat) };
         if advanced {
             slot.last_advanced = now;
@@ -448,7 +460,7 @@ impl Replica {
                 continue;
             }
             if !slot.retired {
-                self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= sync_hash(&slot.record);
+                self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= slot.sync_hash();
                 self.slots[i].retired = true;
                 done.retired += 1;
             }
