@@ -350,9 +350,10 @@ impl Node {
             if own.state == Lifecycle::Left {
                 return None;
             }
-            if generation > own.generation {
-                self.refute(generation);
-            } else if generation == own.generation && heartbeat >= own.heartbeat {
+            // A suspicion of a generation above ours names a record nobody can hold unless
+            // we signed it (an earlier process of ours): that record, if it exists, makes us
+            // refute when it arrives. Suspicions are not signed, so this one is only answered.
+            if generation == own.generation && heartbeat >= own.heartbeat {
                 // Alive at a higher incarnation: the record at the new heartbeat refutes it.
                 self.stats.suspicions_refuted += 1;
                 self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
