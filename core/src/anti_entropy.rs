@@ -62,7 +62,7 @@ pub const MAX_SERVED_PER_SECOND: u32 = 8;
 /// power of two, at most [`BUCKETS`], with about [`RECORDS_PER_BUCKET`] records a bucket, fewer
 /// if need be so that a bucket's entries fill at most half a datagram.
 pub fn bucket_count(n: usize, max_datagram: usize) -> usize {
-    let per_datagram = max_datagram.saturating_sub(32) / 20;
+    let per_datagram = EntriesBuilder::entries_per_datagram(max_datagram);
     let per_bucket = RECORDS_PER_BUCKET.min(per_datagram / 2).max(1);
     (n / per_bucket).clamp(1, BUCKETS).next_power_of_two().min(BUCKETS)
 }
@@ -75,8 +75,6 @@ pub(crate) struct AntiEntropy {
     /// Start of the current one-second window of answered exchanges, and how many.
     window: Option<Time>,
     served: u32,
-    /// Set while the records of a bulk transfer are merged.
-    pub(crate) bulk: bool,
 }
 
 impl Node {

@@ -566,6 +566,12 @@ impl Node {
     /// Only records that would change something are checked ([`crate::auth::check`]), and a
     /// forged one is counted and dropped without touching the replica.
     pub(crate) fn absorb(&mut self, record: Record) {
+        self.absorb_news(record, true);
+    }
+
+    /// [`Node::absorb`]; with `spread` false, news is merged but not gossiped on (the records
+    /// of a bulk transfer, old news to everyone but this replica).
+    pub(crate) fn absorb_news(&mut self, record: Record, spread: bool) {
         if record.id == self.config.id {
             if !self.replica.local().dominates(&record) && self.authentic(&record) {
                 self.refute(record.generation);
@@ -582,7 +588,7 @@ impl Node {
         if merged.changed {
             self.stats.records_changed += 1;
             if self.swim.is_some() {
-                self.swim_record_changed(id, before);
+                self.swim_record_changed(id, before, spread);
             }
         }
         if merged.new_node {

@@ -59,11 +59,10 @@ impl Node {
             Message::Records(records) => {
                 // Many records at once are a bulk transfer (a join, a long separation): news to
                 // this replica, old news to the federation, so they are not gossiped on.
-                self.sync.bulk = records.len() > crate::anti_entropy::BULK_RECORDS;
+                let spread = records.len() <= crate::anti_entropy::BULK_RECORDS;
                 for r in records {
-                    self.absorb(r);
+                    self.absorb_news(r, spread);
                 }
-                self.sync.bulk = false;
             }
             Message::Want(ids) => {
                 // In Swim mode a want comes from an anti-entropy exchange, which asks for whole

@@ -530,6 +530,18 @@ mod tests {
         Arc::new(r)
     }
 
+    /// Two replicas that merged `records` in opposite orders.
+    fn merged_both_ways(records: &[SharedRecord]) -> (Replica, Replica) {
+        let (mut x, mut y) = (replica(), replica());
+        for r in records {
+            x.merge(Time::ZERO, r.clone());
+        }
+        for r in records.iter().rev() {
+            y.merge(Time::ZERO, r.clone());
+        }
+        (x, y)
+    }
+
     fn replica() -> Replica {
         Replica::new((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO, Duration::from_secs(5))
     }
@@ -591,14 +603,7 @@ mod tests {
             rec(2, 3, Lifecycle::Join, 0, &[]),
             rec(1, 1, Lifecycle::Down, 2, &["m"]),
         ];
-        let mut x = replica();
-        let mut y = replica();
-        for r in &a {
-            x.merge(Time::ZERO, r.clone());
-        }
-        for r in a.iter().rev() {
-            y.merge(Time::ZERO, r.clone());
-        }
+        let (mut x, y) = merged_both_ways(&a);
         assert_eq!(x.view_hash(), y.view_hash());
         let before = x.view_hash();
         x.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 9, &["m"]));
@@ -631,14 +636,7 @@ mod tests {
     #[test]
     fn bucket_hashes_agree_for_the_same_records_in_any_order_and_fold_consistently() {
         let records: Vec<SharedRecord> = (1..200).map(|n| rec(n, 1, Lifecycle::Serve, n % 7, &["m"])).collect();
-        let mut x = replica();
-        let mut y = replica();
-        for r in &records {
-            x.merge(Time::ZERO, r.clone());
-        }
-        for r in records.iter().rev() {
-            y.merge(Time::ZERO, r.clone());
-        }
+        let (mut x, y) = merged_both_ways(&records);
         for count in [1, 2, 64, 1024] {
             assert_eq!(x.bucket_hashes(count), y.bucket_hashes(count));
             assert_eq!(x.bucket_hashes(count).len(), count);

@@ -229,14 +229,14 @@ impl Node {
         st.records.push(RecordUpdate::with_encoding(record, Bytes::from(encoded)));
     }
 
-    /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it and
-    /// bring the detector's membership in line.
-    pub(crate) fn swim_record_changed(&mut self, id: NodeId, before: Option<u64>) {
+    /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it
+    /// (unless `spread` is false) and bring the detector's membership in line.
+    pub(crate) fn swim_record_changed(&mut self, id: NodeId, before: Option<u64>, spread: bool) {
         let Some(slot) = self.replica.get(&id) else { return };
         let record = slot.record().clone();
         let probeable = self.reachable(&record);
         let vouch = record.reach == Reachability::OutboundOnly && self.connected.binary_search(&id).is_ok();
-        if !self.sync.bulk {
+        if spread {
             self.queue_record(record.clone());
         }
         let (now, me) = (self.now, self.config.id);

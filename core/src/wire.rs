@@ -252,6 +252,11 @@ impl EntriesBuilder {
     /// Encoded size of one entry: 16 id bytes and 4 hash bytes.
     const ENTRY: usize = 20;
 
+    /// Entries one datagram of at most `limit` bytes holds, with a few complete buckets listed.
+    pub fn entries_per_datagram(limit: usize) -> usize {
+        limit.saturating_sub(Self::HEAD + 3 * 8) / Self::ENTRY
+    }
+
     /// A builder for `count` buckets and datagrams of at most `limit` bytes.
     pub fn new(limit: usize, count: u16) -> EntriesBuilder {
         EntriesBuilder { limit: limit.clamp(64, MAX_DATAGRAM), count, complete: Vec::new(), entries: Vec::new() }

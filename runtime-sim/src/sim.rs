@@ -299,6 +299,7 @@ impl Sim {
     /// Runs to the end and reports.
     pub fn run(mut self) -> crate::report::Report {
         self.started = std::time::Instant::now();
+        self.t.tracing = std::env::var_os("TELA_SIM_TRACE").is_some();
         self.setup();
         while let Some(ev) = self.queue.pop() {
             if ev.at > self.end {
@@ -314,7 +315,7 @@ impl Sim {
             }
         }
         self.now = self.now.min(self.end);
-        if std::env::var_os("TELA_SIM_TRACE").is_some() {
+        if self.t.tracing {
             for (tag, (n, bytes)) in self.t.by_tag.iter().enumerate().filter(|(_, e)| e.0 > 0) {
                 eprintln!("tag {tag}: {n} datagrams, {bytes} bytes");
             }
@@ -448,7 +449,7 @@ impl Sim {
             return;
         }
         self.t.on_send(self.now, len);
-        if std::env::var_os("TELA_SIM_TRACE").is_some() {
+        if self.t.tracing {
             let tag = payload.get(1).copied().unwrap_or(255) as usize;
             let e = &mut self.t.by_tag[tag.min(15)];
             e.0 += 1;

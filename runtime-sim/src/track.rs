@@ -148,6 +148,8 @@ pub(crate) struct Trackers {
     pub liveness_converged: Option<Micros>,
     /// Datagrams and bytes by message tag (with TELA_SIM_TRACE).
     pub by_tag: [(u64, u64); 16],
+    /// `TELA_SIM_TRACE` is set: read once when the run starts, not on every datagram.
+    pub tracing: bool,
 }
 
 impl Trackers {
@@ -266,7 +268,7 @@ impl Trackers {
         while i < self.changes.len() {
             if self.changes[i].remaining == 0 {
                 let c = self.changes.swap_remove(i);
-                if std::env::var_os("TELA_SIM_TRACE").is_some() {
+                if self.tracing {
                     eprintln!(
                         "change of {} {:?} at {:.3}s: {:.0} ms {:?}",
                         c.owner,
