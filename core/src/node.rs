@@ -4,6 +4,7 @@ use crate::anti_entropy::AntiEntropy;
 use crate::auth::{self, Forgery, Identity, Verifier};
 use crate::hardware::Hardware;
 use crate::id::NodeId;
+use crate::intern::Interner;
 use crate::lifecycle::Local;
 use crate::pushpull::PushPull;
 use crate::record::{Lifecycle, Load, Model, Reachability, Record, Role, SharedRecord};
@@ -18,7 +19,6 @@ use core::time::Duration;
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// How a node is set up. Build with [`Config::with_identity`] (production) or [`Config::new`]
 /// (tests and simulations) and adjust fields.
@@ -30,6 +30,9 @@ pub struct Config {
     pub identity: Identity,
     /// How records and marks from peers are checked.
     pub verifier: Verifier,
+    /// Where merged records are kept: each its own (the default), or shared between the
+    /// replicas of a simulation ([`crate::intern`]).
+    pub interner: Interner,
     /// The generation to start in; every new process of the same node must start higher than
     /// the last (runtimes use the wall-clock milliseconds at start). Should the federation still
     /// hold a record from an earlier process that this one does not supersede, the node moves
@@ -85,6 +88,7 @@ impl Config {
             id,
             identity: Identity::for_test(id),
             verifier: Verifier::with_test_identities(),
+            interner: Interner::default(),
             generation,
             role: Role::Serving,
             hardware: Hardware::CPU,
@@ -584,7 +588,7 @@ impl Node {
         }
         let id = record.id;
         let before = self.replica.get(&id).map(|s| s.record().generation);
-        let merged = self.replica.merge(self.now, Arc::new(record));
+        let merged = self.replica.merge(self.now, self.config.interner.record(record));
         if merged.changed {
             self.stats.records_changed += 1;
             if self.swim.is_some() {

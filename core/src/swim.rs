@@ -169,7 +169,8 @@ struct Suspicion {
 #[derive(Clone, Debug)]
 enum Standing {
     Alive,
-    Suspect(Suspicion),
+    /// Boxed: few members are suspected at once, and every member of a 10k registry is held.
+    Suspect(Box<Suspicion>),
     Confirmed,
 }
 
@@ -676,8 +677,14 @@ impl Swim {
             }
             Standing::Alive => {
                 let deadline = now + suspicion_timeout(min, max, 0, expected);
-                m.standing =
-                    Standing::Suspect(Suspicion { started: now, deadline, min, max, expected, suspecters: vec![from] });
+                m.standing = Standing::Suspect(Box::new(Suspicion {
+                    started: now,
+                    deadline,
+                    min,
+                    max,
+                    expected,
+                    suspecters: vec![from],
+                }));
                 self.suspicions.insert((deadline, id));
                 self.events.push_back(Event::Suspect(id));
                 Rumor::Spread

@@ -61,7 +61,7 @@
 use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
 use crate::id::NodeId;
 use crate::node::Node;
-use crate::record::{Lifecycle, Reachability, SharedRecord};
+use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
 use crate::swim::{Action, Event as SwimEvent, Rumor, Swim, SwimConfig};
 use crate::time::Time;
 use crate::timer::Timer;
@@ -221,12 +221,19 @@ impl Node {
     }
 
     fn queue_record(&mut self, record: SharedRecord) {
+        if self.swim.is_none() {
+            return;
+        }
+        let encode = |record: &Record| {
+            let body = postcard::to_allocvec(record).ok()?;
+            let mut encoded = Vec::with_capacity(1 + body.len());
+            encoded.push(0); // `Piggyback::Record`'s variant index
+            encoded.extend_from_slice(&body);
+            Some(Bytes::from(encoded))
+        };
+        let Some(encoded) = self.config.interner.encoding(&record, &encode) else { return };
         let Some(st) = self.swim.as_mut() else { return };
-        let Ok(body) = postcard::to_allocvec(&*record) else { return };
-        let mut encoded = Vec::with_capacity(1 + body.len());
-        encoded.push(0); // `Piggyback::Record`'s variant index
-        encoded.extend_from_slice(&body);
-        st.records.push(RecordUpdate::with_encoding(record, Bytes::from(encoded)));
+        st.records.push(RecordUpdate::with_encoding(record, encoded));
     }
 
     /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it

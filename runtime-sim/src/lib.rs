@@ -42,6 +42,7 @@
 
 pub mod liar;
 pub mod plot;
+mod pool;
 pub mod report;
 pub mod report_spin;
 pub mod rng;

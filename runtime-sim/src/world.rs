@@ -190,6 +190,7 @@ impl Sim {
         let local = host.local(now);
         let mut c = Config::new(host.id, local.as_millis());
         c.verifier = crate::liar::shared_verifier();
+        c.interner = crate::pool::shared_interner();
         c.role = if host.gateway { Role::Gateway } else { Role::Serving };
         c.reach = if host.public {
             Reachability::Public(format!("site{}-host{h}:7000", host.site))
