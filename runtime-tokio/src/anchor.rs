@@ -8,6 +8,7 @@
 use crate::clock::generation_now;
 use crate::control::{ControlServer, ControlSocketError};
 use crate::identity::{load_identity, read_secret, SecretError};
+use crate::membership::Membership;
 use crate::runtime::{refuse_streams, Exit, Runtime, RuntimeConfig, StreamHandler};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +34,8 @@ pub struct AnchorConfig {
     pub transport: TransportMode,
     /// Drain window of the anchor's own record.
     pub drain_window: Duration,
+    /// The federation's membership protocol.
+    pub membership: Membership,
 }
 
 /// An anchor could not start.
@@ -84,6 +87,7 @@ impl Anchor {
         node.role = Role::Gateway;
         node.reach = Reachability::Public(advertise);
         node.drain_window = config.drain_window;
+        config.membership.apply(&mut node);
         let mut rc = RuntimeConfig::new(node);
         rc.join = config.join.clone();
         rc.transport = config.transport;
@@ -139,6 +143,10 @@ pub struct AnchorArgs {
     #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
     pub transport: TransportMode,
 
+    /// Membership protocol; every member of a federation must use the same.
+    #[arg(long, env = "TELA_MEMBERSHIP", default_value = "push-pull", value_name = "push-pull|swim")]
+    pub membership: Membership,
+
     /// Identity key file (created on first run) [default: ~/.config/tela/anchor.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
     pub identity: Option<PathBuf>,
@@ -181,6 +189,7 @@ impl AnchorArgs {
             join: self.join,
             transport: self.transport,
             drain_window: Duration::from_secs(5),
+            membership: self.membership,
         })
         .await?;
         let _control = match &self.control {

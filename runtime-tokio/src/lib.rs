@@ -42,6 +42,7 @@
 //!     join: vec![],
 //!     transport: TransportMode::Auto,
 //!     drain_window: Duration::from_secs(5),
+//!     membership: Default::default(),
 //! }).await?;
 //!
 //! // ...and a serving node that dials it and announces a model.
@@ -120,6 +121,8 @@ pub mod gpu;
 #[cfg(not(loom))]
 pub mod identity;
 #[cfg(not(loom))]
+pub mod membership;
+#[cfg(not(loom))]
 pub mod node;
 #[cfg(not(loom))]
 pub mod runtime;
@@ -130,5 +133,7 @@ pub mod status;
 #[cfg(not(loom))]
 pub mod walltime;
 
+#[cfg(not(loom))]
+pub use membership::Membership;
 #[cfg(not(loom))]
 pub use runtime::{Exit, IncomingStream, LocalInputs, Runtime, RuntimeConfig, RuntimeView, StreamHandler};

@@ -84,6 +84,7 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     core.reach = Reachability::OutboundOnly;
     core.hardware = discovery.hardware.clone();
     core.drain_window = settings.drain_window;
+    settings.membership.apply(&mut core);
     let mut config = RuntimeConfig::new(core);
     config.join = settings.join.clone();
     config.transport = settings.transport;

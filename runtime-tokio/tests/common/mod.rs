@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tela_core::{Lifecycle, NodeId, SharedRecord};
 use tela_runtime::anchor::{Anchor, AnchorConfig};
 use tela_runtime::status::RegistrySnapshot;
+use tela_runtime::Membership;
 use tela_transports::{Identity, JoinSecret, TransportMode};
 
 pub const SECRET: &str = "integration-test-secret";
@@ -238,6 +239,11 @@ pub fn node(name: &str, files: &NodeFiles, join: &str, secret: &str, extra: &[&s
 
 /// An anchor inside the test process, on a free loopback port.
 pub async fn anchor() -> Anchor {
+    anchor_with(Membership::PushPull).await
+}
+
+/// An anchor inside the test process using `membership`.
+pub async fn anchor_with(membership: Membership) -> Anchor {
     Anchor::start(AnchorConfig {
         listen: "127.0.0.1:0".parse().expect("addr"),
         advertise: None,
@@ -246,6 +252,7 @@ pub async fn anchor() -> Anchor {
         join: vec![],
         transport: TransportMode::Auto,
         drain_window: Duration::from_secs(5),
+        membership,
     })
     .await
     .expect("start the anchor")
@@ -319,19 +326,7 @@ pub fn federation_agrees(transport: &str, expected: tela_transports::Transport) 
     run_test(Duration::from_secs(90), async {
         let dir = tempfile::tempdir().expect("tempdir");
         let anchor = anchor().await;
-        let join = anchor.local_addr().to_string();
-        let mut procs = Vec::new();
-        let mut nodes = Vec::new();
-        for i in 0..3 {
-            let (engine, url) = engine_sim(&format!("engine{i}"), &format!("model-{i}"), &[]);
-            let files = NodeFiles::new(dir.path(), &format!("node{i}"));
-            let id = files.node_id();
-            let n =
-                node(&format!("node{i}"), &files, &join, SECRET, &["--backend-url", &url, "--transport", transport]);
-            procs.push(engine);
-            procs.push(n);
-            nodes.push((id, files));
-        }
+        let (procs, nodes) = three_nodes(&anchor, dir.path(), &["--transport", transport]);
         until(&anchor, "all three nodes routable at the anchor", Duration::from_secs(30), |s| {
             nodes.iter().all(|(id, _)| routable(s, id))
         })
@@ -345,30 +340,52 @@ pub fn federation_agrees(transport: &str, expected: tela_transports::Transport) 
             let conn = anchor.runtime().view().connection(id).expect("a live connection to the node");
             assert_eq!(conn.transport(), expected, "node {i} joined over {expected}");
         }
-        // Every node's replica converges to the anchor's view (ids, generations, states, models).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let want = view_of(&anchor.runtime().snapshot());
-            assert_eq!(want.len(), 4, "the anchor knows itself and three nodes");
-            let mut disagree = Vec::new();
-            for (i, (_, files)) in nodes.iter().enumerate() {
-                let got = view_of_json(&status_of(&files.control).await);
-                if got != want {
-                    disagree.push(format!("node{i}: {got:?}"));
-                }
-            }
-            if disagree.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replicas disagree with the anchor's {want:?}:\n{}",
-                disagree.join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        replicas_agree(&anchor, &nodes, 4).await;
         drop(procs);
     });
+}
+
+/// Three `tela node` processes `node0..2` dialing `anchor`, each with an engine simulator
+/// serving `model-{i}`; `extra` flags go to every node. Returns the processes (engine, node per
+/// index) and each node's id and files.
+pub fn three_nodes(anchor: &Anchor, dir: &Path, extra: &[&str]) -> (Vec<Proc>, Vec<(NodeId, NodeFiles)>) {
+    let join = anchor.local_addr().to_string();
+    let mut procs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let (engine, url) = engine_sim(&format!("engine{i}"), &format!("model-{i}"), &[]);
+        let files = NodeFiles::new(dir, &format!("node{i}"));
+        let id = files.node_id();
+        let mut args = vec!["--backend-url", url.as_str()];
+        args.extend_from_slice(extra);
+        let n = node(&format!("node{i}"), &files, &join, SECRET, &args);
+        procs.push(engine);
+        procs.push(n);
+        nodes.push((id, files));
+    }
+    (procs, nodes)
+}
+
+/// Waits until every node's replica equals the anchor's view (ids, generations, states,
+/// models), which must hold `members` records.
+pub async fn replicas_agree(anchor: &Anchor, nodes: &[(NodeId, NodeFiles)], members: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let want = view_of(&anchor.runtime().snapshot());
+        assert_eq!(want.len(), members, "the anchor's registry");
+        let mut disagree = Vec::new();
+        for (i, (_, files)) in nodes.iter().enumerate() {
+            let got = view_of_json(&status_of(&files.control).await);
+            if got != want {
+                disagree.push(format!("node{i}: {got:?}"));
+            }
+        }
+        if disagree.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replicas disagree with the anchor's {want:?}:\n{}", disagree.join("\n"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A chat completion streamed through a tunnel stream that the anchor opened toward `node`.
