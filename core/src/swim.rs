@@ -178,7 +178,6 @@ enum Standing {
 struct Member {
     incarnation: u64,
     probeable: bool,
-    voucher: Option<NodeId>,
     standing: Standing,
 }
 
@@ -213,6 +212,9 @@ pub struct Swim {
     incarnation: u64,
     health: u8,
     members: HashMap<NodeId, Member, FixedState>,
+    /// Members vouched for, by their voucher: only an anchor's own outbound-only members, so
+    /// kept apart from the member table every node holds for every member.
+    vouchers: HashMap<NodeId, NodeId, FixedState>,
     /// Probe order of the current pass: probeable members not confirmed dead.
     order: Vec<NodeId>,
     cursor: usize,
@@ -244,6 +246,7 @@ impl Swim {
             incarnation: 0,
             health: 0,
             members: HashMap::with_hasher(FixedState::default()),
+            vouchers: HashMap::with_hasher(FixedState::default()),
             order: Vec::new(),
             cursor: 0,
             passes: 0,
@@ -271,7 +274,7 @@ impl Swim {
             self.set_probeable(id, probeable);
             return false;
         }
-        let member = Member { incarnation, probeable: false, voucher: None, standing: Standing::Alive };
+        let member = Member { incarnation, probeable: false, standing: Standing::Alive };
         self.members.insert(id, member);
         self.set_probeable(id, probeable);
         true
@@ -288,11 +291,8 @@ impl Swim {
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
         }
-        for other in self.members.values_mut() {
-            if other.voucher == Some(id) {
-                other.voucher = None;
-            }
-        }
+        self.vouchers.remove(&id);
+        self.vouchers.retain(|_, voucher| *voucher != id);
         true
     }
 
@@ -322,7 +322,10 @@ impl Swim {
     /// voucher is this node) or when the voucher is removed.
     pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
         let Some(m) = self.members.get_mut(&id) else { return };
-        m.voucher = voucher;
+        match voucher {
+            Some(v) => self.vouchers.insert(id, v),
+            None => self.vouchers.remove(&id),
+        };
         if voucher.is_some() {
             if let Standing::Suspect(s) = &m.standing {
                 self.suspicions.remove(&(s.deadline, id));
@@ -654,9 +657,11 @@ impl Swim {
         if incarnation < m.incarnation {
             return Rumor::Drop;
         }
-        match m.voucher {
+        match self.vouchers.get(&id) {
             // The voucher itself suspects it: it no longer vouches.
-            Some(v) if v == from => m.voucher = None,
+            Some(&v) if v == from => {
+                self.vouchers.remove(&id);
+            }
             Some(_) => return Rumor::Drop,
             None => {}
         }
