@@ -57,6 +57,8 @@ pub struct FileConfig {
     pub node_idle_timeout: Option<Dur>,
     /// `--shutdown-grace`.
     pub shutdown_grace: Option<Dur>,
+    /// `--threads`.
+    pub threads: Option<usize>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
 }
@@ -94,7 +96,9 @@ impl LoadedConfig {
                 });
             }
         }
-        for (key, value) in [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts)] {
+        for (key, value) in
+            [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts), ("threads", file.threads)]
+        {
             if value == Some(0) {
                 return Err(ConfigError::Invalid { key: key.into(), reason: "must be at least 1".into() });
             }
