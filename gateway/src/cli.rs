@@ -146,6 +146,34 @@ pub struct GatewayArgs {
     /// How long Ctrl-C / SIGTERM waits for open responses.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
+
+    /// Threads that serve requests [default: 1 on a machine with at most 2 cores, else one per
+    /// core].
+    #[arg(long, env = "TELA_GATEWAY_THREADS", value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub threads: Option<usize>,
+}
+
+/// Up to this many cores, the gateway runs on one thread unless told otherwise.
+///
+/// On a multi-threaded runtime every request wakes idle workers that find nothing to do: its
+/// hops (client connection, QUIC connection, UDP endpoint) are separate tasks, and each wake-up
+/// of one of them may unpark another worker. With two cores, those wake-ups compete with the
+/// request itself and with whatever else runs on the machine: measured with `tela-load` on two
+/// cores, one thread halves the gateway's context switches per request, answers sooner at
+/// concurrency 1 and serves more requests at concurrency 32. Above this, the extra cores add
+/// throughput.
+pub const ONE_THREAD_UP_TO_CORES: usize = 2;
+
+/// The default of `--threads` on this machine (see [`ONE_THREAD_UP_TO_CORES`]).
+pub fn default_threads() -> usize {
+    // Honours CPU affinity and cgroup quotas, so a container's share counts, not the host's.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores <= ONE_THREAD_UP_TO_CORES {
+        1
+    } else {
+        cores
+    }
 }
 
 impl GatewayCommand {
@@ -155,6 +183,25 @@ impl GatewayCommand {
             Some(GatewaySubcommand::HashKey(args)) => args.run(),
             None => self.run.run().await,
         }
+    }
+
+    /// How many threads the gateway's runtime should have: `--threads` (or its variable), else
+    /// `threads` in the configuration file, else [`default_threads`]. One for `hash-key` and
+    /// `--check-config`, which serve nothing.
+    pub fn threads(&self) -> anyhow::Result<usize> {
+        let args = &self.run;
+        if self.command.is_some() || args.check_config.is_some() {
+            return Ok(1);
+        }
+        // Set only when given on the command line or in the environment, which win.
+        if let Some(n) = args.threads {
+            return Ok(n);
+        }
+        let file = match &args.config {
+            Some(path) => LoadedConfig::load(path)?.file.threads,
+            None => None,
+        };
+        Ok(file.unwrap_or_else(default_threads))
     }
 
     /// Notes which arguments of `matches` (the `gateway` subcommand's) were given explicitly,
@@ -368,5 +415,31 @@ mod tests {
         assert!(matches!(config.auth, AuthConfig::Open));
         assert!(config.spin.is_none());
         assert_eq!(config.membership, tela_runtime::Membership::Swim, "the file fills in");
+    }
+
+    #[derive(clap::Parser)]
+    struct GatewayCli {
+        #[command(flatten)]
+        gateway: GatewayCommand,
+    }
+
+    fn threads(args: &[&str]) -> anyhow::Result<usize> {
+        use clap::Parser as _;
+        let argv = ["tela", "--no-auth"].iter().chain(args);
+        GatewayCli::try_parse_from(argv).map_err(anyhow::Error::from)?.gateway.threads()
+    }
+
+    #[test]
+    fn threads_come_from_the_flag_then_the_file_then_the_core_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(&file, "threads = 3\n").expect("config");
+        let path = file.to_str().expect("utf-8");
+        assert_eq!(threads(&["--config", path, "--threads", "2"]).expect("valid"), 2, "the flag wins");
+        assert_eq!(threads(&["--config", path]).expect("valid"), 3, "the file fills in");
+        assert_eq!(threads(&[]).expect("valid"), default_threads());
+        assert!(threads(&["--threads", "0"]).is_err(), "at least one thread");
+        std::fs::write(&file, "threads = 0\n").expect("config");
+        assert!(threads(&["--config", path]).is_err(), "at least one thread in the file too");
     }
 }

@@ -59,6 +59,8 @@ pub struct FileConfig {
     pub node_idle_timeout: Option<Dur>,
     /// `--shutdown-grace`.
     pub shutdown_grace: Option<Dur>,
+    /// `--threads`.
+    pub threads: Option<usize>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
 }
@@ -101,7 +103,9 @@ impl LoadedConfig {
                 return Err(ConfigError::Invalid { key: "membership".into(), reason: e.to_string() });
             }
         }
-        for (key, value) in [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts)] {
+        for (key, value) in
+            [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts), ("threads", file.threads)]
+        {
             if value == Some(0) {
                 return Err(ConfigError::Invalid { key: key.into(), reason: "must be at least 1".into() });
             }

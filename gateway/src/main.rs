@@ -47,9 +47,17 @@ fn main() -> anyhow::Result<()> {
     // A node forwards for one engine: on one thread, a request's hops (tunnel stream, engine
     // connection, back) are plain task switches, where a multi-threaded scheduler wakes idle
     // workers on other cores for each of them and adds their wake-up latency to every request.
-    let runtime = match cli.command {
-        Command::Node(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    // A gateway does the same on small machines; see `--threads`.
+    let threads = match &cli.command {
+        Command::Node(_) => Some(1),
+        Command::Gateway(gateway) => Some(gateway.threads().context("tela gateway")?),
+        _ => None,
+    };
+    let runtime = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        // One worker per core.
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
     }
     .context("starting the async runtime")?;
     runtime.block_on(run(cli.command))
