@@ -181,14 +181,21 @@ impl Node {
         }
         // Send what it lacks or holds differently, in the buckets it listed whole, and the
         // records it listed that we hold differently.
-        let complete: std::collections::BTreeSet<u16> = complete.iter().copied().collect();
+        let complete_set: std::collections::BTreeSet<u16> = complete.iter().copied().collect();
+        // Only the slots of the complete buckets and of the listed ids can be sent; taken in
+        // slot order.
+        let mut candidates = self.replica.slots_in_buckets(count, complete);
+        candidates.extend(entries.iter().filter_map(|e| self.replica.slot_number(&e.id)));
+        candidates.sort_unstable();
+        candidates.dedup();
+        let slots = self.replica.slots();
         let mut records = Vec::new();
-        for slot in self.replica.slots().iter().filter(|s| !s.is_retired()) {
+        for slot in candidates.iter().map(|&i| &slots[i as usize]).filter(|s| !s.is_retired()) {
             let r = slot.record();
             let listed = theirs.get(&r.id);
             let send = match listed {
                 Some(h) => *h != slot.sync_hash(),
-                None => complete.contains(&(bucket_of(&r.id, count) as u16)),
+                None => complete_set.contains(&(bucket_of(&r.id, count) as u16)),
             };
             if send {
                 records.push(r.clone());
@@ -214,17 +221,16 @@ impl Node {
 
     /// Our (id, hash) entries of the given buckets, grouped by bucket, in slot order.
     fn entries_of(&self, count: usize, buckets: &[u16]) -> BTreeMap<u16, Vec<BucketEntry>> {
-        let mut wanted = vec![false; count];
-        for &b in buckets {
-            wanted[usize::from(b)] = true;
-        }
+        let slots = self.replica.slots();
         let mut out: BTreeMap<u16, Vec<BucketEntry>> = BTreeMap::new();
-        for slot in self.replica.slots().iter().filter(|s| !s.is_retired()) {
-            let r = slot.record();
-            let b = bucket_of(&r.id, count);
-            if wanted[b] {
-                out.entry(b as u16).or_default().push(BucketEntry { id: r.id, hash: slot.sync_hash().to_le_bytes() });
+        for i in self.replica.slots_in_buckets(count, buckets) {
+            let slot = &slots[i as usize];
+            if slot.is_retired() {
+                continue;
             }
+            let r = slot.record();
+            let b = bucket_of(&r.id, count) as u16;
+            out.entry(b).or_default().push(BucketEntry { id: r.id, hash: slot.sync_hash().to_le_bytes() });
         }
         out
     }

@@ -114,6 +114,9 @@ pub struct Replica {
     expiries: BinaryHeap<Reverse<(Time, u32)>>,
     /// Anti-entropy hashes: per bucket of node ids, the XOR of [`sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
+    /// Slot numbers by anti-entropy bucket, so that an exchange touches the slots of the
+    /// buckets it compares, not the whole registry.
+    by_bucket: Box<[Vec<u32>]>,
     /// The GC watermark: generations of deleted tombstones, by node, and when they were deleted.
     /// A record of a deleted generation or an older one is refused, so a stale peer cannot bring
     /// it back.
@@ -184,6 +187,7 @@ impl Replica {
             view: 0,
             expiries: BinaryHeap::new(),
             buckets: Box::new([0; BUCKETS]),
+            by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
             deleted: HashMap::with_hasher(FixedState::default()),
             resurrections_refused: 0,
         };
@@ -269,6 +273,7 @@ impl Replica {
                 retired: false,
             };
             self.index.insert(id, self.slots.len() as u32);
+            self.by_bucket[bucket_of(&id, BUCKETS)].push(self.slots.len() as u32);
             self.slots.push(slot);
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
@@ -473,9 +478,16 @@ impl Replica {
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
             self.index.remove(&id);
+            let last = (self.slots.len() - 1) as u32;
+            let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
+            list.retain(|&s| s != i as u32);
             self.slots.swap_remove(i);
             if let Some(moved) = self.slots.get(i) {
                 self.index.insert(moved.record.id, i as u32);
+                let list = &mut self.by_bucket[bucket_of(&moved.record.id, BUCKETS)];
+                if let Some(s) = list.iter_mut().find(|s| **s == last) {
+                    *s = i as u32;
+                }
             }
             done.deleted += 1;
         }
@@ -483,6 +495,27 @@ impl Replica {
         self.deleted.retain(|_, (_, at)| *at + ttl > now);
         done.forgotten = before - self.deleted.len();
         done
+    }
+
+    /// The numbers of the slots (positions in [`Replica::slots`]) whose records fall in the given
+    /// buckets of a split into `count` (a power of two, at most [`BUCKETS`]), ascending.
+    pub fn slots_in_buckets(&self, count: usize, buckets: &[u16]) -> Vec<u32> {
+        debug_assert!(count.is_power_of_two() && count <= BUCKETS);
+        let mut out = Vec::new();
+        for &b in buckets.iter().filter(|&&b| usize::from(b) < count) {
+            // A bucket of a coarser split is every BUCKETS-bucket with the same low bits.
+            for fine in (usize::from(b)..BUCKETS).step_by(count) {
+                out.extend_from_slice(&self.by_bucket[fine]);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The slot number of `id`'s record, if held.
+    pub fn slot_number(&self, id: &NodeId) -> Option<u32> {
+        self.index.get(id).copied()
     }
 
     /// Records refused because the GC watermark holds a later deletion of their node.
@@ -693,5 +726,32 @@ mod tests {
         let mut pp = replica();
         pp.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 2, &["m"]));
         assert_eq!(pp.collect_tombstones(Time::from_secs(1_000), ttl), Collected::default());
+    }
+
+    #[test]
+    fn the_bucket_lists_follow_the_slots_through_deletions() {
+        let ttl = Duration::from_secs(100);
+        let mut r = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        for n in 1..300 {
+            r.merge(Time::ZERO, rec(n, 1, Lifecycle::Serve, 1, &["m"]));
+        }
+        // Every third node leaves; their tombstones are deleted (slots swapped into their place).
+        for n in (3..300).step_by(3) {
+            r.merge(Time::from_secs(1), rec(n, 1, Lifecycle::Left, 2, &["m"]));
+        }
+        assert_eq!(r.collect_tombstones(Time::from_secs(200), ttl).deleted, 99);
+        for count in [1, 8, 64, BUCKETS] {
+            let all: Vec<u16> = (0..count as u16).collect();
+            let listed = r.slots_in_buckets(count, &all);
+            assert_eq!(listed, (0..r.len() as u32).collect::<Vec<_>>(), "every slot once, at {count} buckets");
+            assert!(r.slots_in_buckets(count, &[count as u16]).is_empty(), "no such bucket");
+            for b in [0u16, (count / 2) as u16, (count - 1) as u16] {
+                for i in r.slots_in_buckets(count, &[b]) {
+                    let id = r.slots()[i as usize].record().id;
+                    assert_eq!(bucket_of(&id, count), usize::from(b));
+                    assert_eq!(r.slot_number(&id), Some(i));
+                }
+            }
+        }
     }
 }
