@@ -49,7 +49,7 @@
 //! ```
 //!
 //! Modules by concept: [`record`] (the lattice), [`auth`] (owner signatures and DOWN marks),
-//! [`replica`] (the registry and its index),
+//! [`replica`] (the registry and its index), [`intern`] (records shared between replicas),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
 //! two ways of spreading the registry — [`pushpull`] (the default) and [`swim_mode`] (SWIM probing,
 //! built on [`swim`] (failure detection), [`broadcast`] (piggybacked updates) and
