@@ -181,7 +181,6 @@ impl Node {
         }
         // Send what it lacks or holds differently, in the buckets it listed whole, and the
         // records it listed that we hold differently.
-        let complete_set: std::collections::BTreeSet<u16> = complete.iter().copied().collect();
         // Only the slots of the complete buckets and of the listed ids can be sent; taken in
         // slot order.
         let mut candidates = self.replica.slots_in_buckets(count, complete);
@@ -195,7 +194,8 @@ impl Node {
             let listed = theirs.get(&r.id);
             let send = match listed {
                 Some(h) => *h != slot.sync_hash(),
-                None => complete_set.contains(&(bucket_of(&r.id, count) as u16)),
+                // Not listed, so it came from a bucket the peer listed whole: it lacks it.
+                None => true,
             };
             if send {
                 records.push(r.clone());
