@@ -34,9 +34,10 @@ use crate::id::NodeId;
 use crate::record::SharedRecord;
 use bytes::Bytes;
 use core::cmp::Reverse;
+use core::hash::BuildHasher;
 use foldhash::fast::FixedState;
-use hashbrown::HashMap;
-use std::collections::BTreeSet;
+use hashbrown::HashTable;
+use std::collections::BTreeMap;
 
 /// Something the [`BroadcastQueue`] can carry.
 pub trait Update {
@@ -112,14 +113,18 @@ struct Entry<T> {
     seq: u64,
 }
 
-/// Position in the send order: fewest sends first, then newest first.
-type Rank = (u32, Reverse<u64>, NodeId);
+/// Position in the send order: fewest sends first, then newest first. Sequence numbers are
+/// unique among queued items, so a rank names one item.
+type Rank = (u32, Reverse<u64>);
 
 /// After this many queued items in a row did not fit, [`BroadcastQueue::fill`] stops looking:
 /// the datagram is as good as full and scanning the whole queue would cost `O(m)`.
 const MAX_SKIPS: usize = 16;
 
 /// Bounded, least-sent-first queue of updates to piggyback; see the [module docs](self).
+///
+/// Every node of a large federation holds one, full during a join storm, so the items are kept
+/// once, in a slab, and both the key index and the send order point into it with slab numbers.
 #[derive(Clone, Debug)]
 pub struct BroadcastQueue<T> {
     lambda: f64,
@@ -128,8 +133,13 @@ pub struct BroadcastQueue<T> {
     decades: bool,
     capacity: usize,
     next_seq: u64,
-    entries: HashMap<NodeId, Entry<T>, FixedState>,
-    order: BTreeSet<Rank>,
+    /// The queued items; `None` where `free` lists a hole.
+    slab: Vec<Option<Entry<T>>>,
+    free: Vec<u32>,
+    /// Slab numbers, found by the key of their item.
+    index: HashTable<u32>,
+    hasher: FixedState,
+    order: BTreeMap<Rank, u32>,
     evicted: u64,
 }
 
@@ -142,8 +152,11 @@ impl<T: Update> BroadcastQueue<T> {
             decades: false,
             capacity: capacity.max(1),
             next_seq: 0,
-            entries: HashMap::with_hasher(FixedState::default()),
-            order: BTreeSet::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            index: HashTable::new(),
+            hasher: FixedState::default(),
+            order: BTreeMap::new(),
             evicted: 0,
         }
     }
@@ -174,24 +187,39 @@ impl<T: Update> BroadcastQueue<T> {
     pub fn push(&mut self, item: T) -> Queued {
         let key = item.key();
         let seq = self.next_seq;
-        if let Some(e) = self.entries.get_mut(&key) {
+        if let Some(at) = self.position(&key) {
+            let Some(e) = self.slab[at as usize].as_mut() else { return Queued::Stale };
             if e.item.covers(&item) {
                 return Queued::Stale;
             }
-            self.order.remove(&(e.sends, Reverse(e.seq), key));
+            self.order.remove(&(e.sends, Reverse(e.seq)));
             *e = Entry { item, sends: 0, seq };
-            self.order.insert((0, Reverse(seq), key));
+            self.order.insert((0, Reverse(seq)), at);
             self.next_seq += 1;
             return Queued::Replaced;
         }
-        if self.entries.len() >= self.capacity {
-            if let Some((_, _, victim)) = self.order.pop_last() {
-                self.entries.remove(&victim);
+        if self.index.len() >= self.capacity {
+            if let Some((_, victim)) = self.order.pop_last() {
+                self.vacate(victim);
                 self.evicted += 1;
             }
         }
-        self.entries.insert(key, Entry { item, sends: 0, seq });
-        self.order.insert((0, Reverse(seq), key));
+        let entry = Some(Entry { item, sends: 0, seq });
+        let at = match self.free.pop() {
+            Some(at) => {
+                self.slab[at as usize] = entry;
+                at
+            }
+            None => {
+                crate::reserve_one(&mut self.slab);
+                self.slab.push(entry);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let hash = self.hasher.hash_one(key);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index.insert_unique(hash, at, |&i| hasher.hash_one(key_at(slab, i)));
+        self.order.insert((0, Reverse(seq)), at);
         self.next_seq += 1;
         Queued::Added
     }
@@ -205,21 +233,21 @@ impl<T: Update> BroadcastQueue<T> {
     /// are dropped without being sent.
     pub fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T)) -> usize {
         let limit = self.transmit_limit(cluster_size);
-        while let Some(&(sends, _, key)) = self.order.last() {
+        while let Some((&(sends, _), &at)) = self.order.last_key_value() {
             if sends < limit {
                 break;
             }
             self.order.pop_last();
-            self.entries.remove(&key);
+            self.vacate(at);
         }
         let mut used = 0;
         let mut skips = 0;
-        let mut picked: Vec<Rank> = Vec::new();
-        for rank in &self.order {
+        let mut picked: Vec<(Rank, u32)> = Vec::new();
+        for (rank, &at) in &self.order {
             if budget - used == 0 || skips == MAX_SKIPS {
                 break;
             }
-            let Some(e) = self.entries.get(&rank.2) else { continue };
+            let Some(e) = self.slab[at as usize].as_ref() else { continue };
             let len = e.item.encoded_len();
             if len > budget - used {
                 skips += 1;
@@ -228,17 +256,16 @@ impl<T: Update> BroadcastQueue<T> {
             skips = 0;
             used += len;
             take(&e.item);
-            picked.push(*rank);
+            picked.push((*rank, at));
         }
-        for rank in picked {
-            self.order.remove(&rank);
-            let (sends, seq, key) = rank;
+        for ((sends, seq), at) in picked {
+            self.order.remove(&(sends, seq));
             let sends = sends.saturating_add(1);
             if sends >= limit {
-                self.entries.remove(&key);
-            } else if let Some(e) = self.entries.get_mut(&key) {
+                self.vacate(at);
+            } else if let Some(e) = self.slab[at as usize].as_mut() {
                 e.sends = sends;
-                self.order.insert((sends, seq, key));
+                self.order.insert((sends, seq), at);
             }
         }
         used
@@ -246,29 +273,30 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// Removes the update queued for `key` (the node left and was forgotten, say).
     pub fn remove(&mut self, key: &NodeId) -> Option<T> {
-        let e = self.entries.remove(key)?;
-        self.order.remove(&(e.sends, Reverse(e.seq), *key));
+        let at = self.position(key)?;
+        let e = self.vacate(at)?;
+        self.order.remove(&(e.sends, Reverse(e.seq)));
         Some(e.item)
     }
 
     /// The update queued for `key`.
     pub fn get(&self, key: &NodeId) -> Option<&T> {
-        self.entries.get(key).map(|e| &e.item)
+        self.entry(key).map(|e| &e.item)
     }
 
     /// How many times the update queued for `key` has been handed out.
     pub fn sends(&self, key: &NodeId) -> Option<u32> {
-        self.entries.get(key).map(|e| e.sends)
+        self.entry(key).map(|e| e.sends)
     }
 
     /// Updates queued.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// True when nothing is queued.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// The most items the queue holds.
@@ -280,6 +308,35 @@ impl<T: Update> BroadcastQueue<T> {
     pub fn evicted(&self) -> u64 {
         self.evicted
     }
+
+    /// The slab number of the item queued for `key`.
+    fn position(&self, key: &NodeId) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        self.index.find(hash, |&i| key_at(&self.slab, i) == *key).copied()
+    }
+
+    fn entry(&self, key: &NodeId) -> Option<&Entry<T>> {
+        self.slab[self.position(key)? as usize].as_ref()
+    }
+
+    /// Takes the item at slab number `at` out of the slab and the key index (not out of the
+    /// send order: callers hold or remove its rank themselves).
+    fn vacate(&mut self, at: u32) -> Option<Entry<T>> {
+        let key = key_at(&self.slab, at);
+        let hash = self.hasher.hash_one(key);
+        if let Ok(found) = self.index.find_entry(hash, |&i| i == at) {
+            found.remove();
+        }
+        let e = self.slab[at as usize].take()?;
+        self.free.push(at);
+        Some(e)
+    }
+}
+
+/// The key of the item at slab number `at`; the slab numbers in the index and the send order
+/// always point at a queued item.
+fn key_at<T: Update>(slab: &[Option<Entry<T>>], at: u32) -> NodeId {
+    slab[at as usize].as_ref().map_or(NodeId([0; 16]), |e| e.item.key())
 }
 
 /// `1.0` in the fixed-point format of [`log2_fixed`].
@@ -309,6 +366,13 @@ pub(crate) fn log2_fixed(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl<T: Update> BroadcastQueue<T> {
+        /// The send order as `(sends, newest first, key)`.
+        fn ranks(&self) -> Vec<(u32, Reverse<u64>, NodeId)> {
+            self.order.iter().map(|(&(sends, seq), &at)| (sends, seq, key_at(&self.slab, at))).collect()
+        }
+    }
     use proptest::prelude::*;
 
     /// An update about node `key` at `version`, `len` bytes long.
@@ -510,9 +574,8 @@ mod tests {
                     Op::Fill(budget, n) => {
                         let limit = q.transmit_limit(n);
                         // The send order before the call, minus what is over the limit.
-                        let mut ranked: Vec<(u32, Reverse<u64>, NodeId)> = q.order.iter().copied()
+                        let ranked: Vec<(u32, Reverse<u64>, NodeId)> = q.ranks().into_iter()
                             .filter(|r| r.0 < limit).collect();
-                        ranked.sort();
                         let out = fill_all(&mut q, budget, n);
                         let total: usize = out.iter().map(|u| u.len).sum();
                         prop_assert!(total <= budget);
@@ -550,6 +613,10 @@ mod tests {
                 }
                 prop_assert!(q.len() <= capacity);
                 prop_assert_eq!(q.len(), q.order.len());
+                prop_assert_eq!(q.len() + q.free.len(), q.slab.len());
+                for (_, _, key) in q.ranks() {
+                    prop_assert!(q.get(&key).is_some(), "ranked item not found by its key");
+                }
             }
         }
     }

@@ -274,6 +274,7 @@ impl Replica {
             };
             self.index.insert(id, self.slots.len() as u32);
             self.by_bucket[bucket_of(&id, BUCKETS)].push(self.slots.len() as u32);
+            crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
@@ -423,6 +424,7 @@ impl Replica {
             for m in slot.record.models.as_slice() {
                 let list = self.hosts.entry_ref(m.name.as_str()).or_default();
                 if !list.contains(&id) {
+                    crate::reserve_one(list);
                     list.push(id);
                 }
             }

@@ -166,11 +166,12 @@ struct Suspicion {
     suspecters: Vec<NodeId>,
 }
 
-#[derive(Clone, Debug)]
+/// A member's standing; a suspect's [`Suspicion`] is kept in [`Swim::suspected`], so that the
+/// entry every node holds for every member of a 10k registry stays 16 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Standing {
     Alive,
-    /// Boxed: few members are suspected at once, and every member of a 10k registry is held.
-    Suspect(Box<Suspicion>),
+    Suspect,
     Confirmed,
 }
 
@@ -212,6 +213,8 @@ pub struct Swim {
     incarnation: u64,
     health: u8,
     members: HashMap<NodeId, Member, FixedState>,
+    /// The suspicion of each member whose standing is [`Standing::Suspect`].
+    suspected: HashMap<NodeId, Suspicion, FixedState>,
     /// Members vouched for, by their voucher: only an anchor's own outbound-only members, so
     /// kept apart from the member table every node holds for every member.
     vouchers: HashMap<NodeId, NodeId, FixedState>,
@@ -246,6 +249,7 @@ impl Swim {
             incarnation: 0,
             health: 0,
             members: HashMap::with_hasher(FixedState::default()),
+            suspected: HashMap::with_hasher(FixedState::default()),
             vouchers: HashMap::with_hasher(FixedState::default()),
             order: Vec::new(),
             cursor: 0,
@@ -283,10 +287,10 @@ impl Swim {
     /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
     /// Members it vouched for lose the voucher.
     pub fn remove_member(&mut self, id: NodeId) -> bool {
-        let Some(m) = self.members.remove(&id) else { return false };
-        if let Standing::Suspect(s) = &m.standing {
-            self.suspicions.remove(&(s.deadline, id));
+        if self.members.remove(&id).is_none() {
+            return false;
         }
+        self.lift_suspicion(id);
         self.leave_order(id);
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
@@ -300,9 +304,9 @@ impl Swim {
     /// that are not are never probed.
     pub fn set_probeable(&mut self, id: NodeId, probeable: bool) {
         let Some(m) = self.members.get_mut(&id) else { return };
-        let was = m.probeable && !matches!(m.standing, Standing::Confirmed);
+        let was = m.probeable && m.standing != Standing::Confirmed;
         m.probeable = probeable;
-        let is = probeable && !matches!(m.standing, Standing::Confirmed);
+        let is = probeable && m.standing != Standing::Confirmed;
         match (was, is) {
             (false, true) => self.join_order(id),
             (true, false) => {
@@ -326,12 +330,10 @@ impl Swim {
             Some(v) => self.vouchers.insert(id, v),
             None => self.vouchers.remove(&id),
         };
-        if voucher.is_some() {
-            if let Standing::Suspect(s) = &m.standing {
-                self.suspicions.remove(&(s.deadline, id));
-                m.standing = Standing::Alive;
-                self.events.push_back(Event::Alive(id));
-            }
+        if voucher.is_some() && m.standing == Standing::Suspect {
+            m.standing = Standing::Alive;
+            self.lift_suspicion(id);
+            self.events.push_back(Event::Alive(id));
         }
     }
 
@@ -417,13 +419,13 @@ impl Swim {
     pub fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
         self.advance(now);
         let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if matches!(m.standing, Standing::Confirmed) || incarnation <= m.incarnation {
+        if m.standing == Standing::Confirmed || incarnation <= m.incarnation {
             return Rumor::Drop;
         }
         m.incarnation = incarnation;
-        if let Standing::Suspect(s) = &m.standing {
-            self.suspicions.remove(&(s.deadline, id));
+        if m.standing == Standing::Suspect {
             m.standing = Standing::Alive;
+            self.lift_suspicion(id);
             self.events.push_back(Event::Alive(id));
         }
         Rumor::Spread
@@ -512,12 +514,12 @@ impl Swim {
 
     /// True while `id` is suspected.
     pub fn is_suspect(&self, id: &NodeId) -> bool {
-        self.members.get(id).is_some_and(|m| matches!(m.standing, Standing::Suspect(_)))
+        self.members.get(id).is_some_and(|m| m.standing == Standing::Suspect)
     }
 
     /// True once a suspicion of `id` ran out (until it is removed).
     pub fn is_confirmed(&self, id: &NodeId) -> bool {
-        self.members.get(id).is_some_and(|m| matches!(m.standing, Standing::Confirmed))
+        self.members.get(id).is_some_and(|m| m.standing == Standing::Confirmed)
     }
 
     /// The incarnation known for member `id`.
@@ -553,6 +555,7 @@ impl Swim {
     /// this pass, behind it in the next.
     fn join_order(&mut self, id: NodeId) {
         let at = self.rng.random_range(0..=self.order.len());
+        crate::reserve_one(&mut self.order);
         self.order.insert(at, id);
         if at < self.cursor {
             self.cursor += 1;
@@ -608,7 +611,7 @@ impl Swim {
     /// Up to `k` distinct members, not `target`, probeable and not suspected.
     fn pick_helpers(&mut self, target: NodeId, k: usize) -> Vec<NodeId> {
         let healthy = |members: &HashMap<NodeId, Member, FixedState>, id: &NodeId| {
-            *id != target && members.get(id).is_some_and(|m| matches!(m.standing, Standing::Alive))
+            *id != target && members.get(id).is_some_and(|m| m.standing == Standing::Alive)
         };
         let mut picked = Vec::with_capacity(k);
         if self.order.len() < SCAN_BELOW {
@@ -666,9 +669,10 @@ impl Swim {
             None => {}
         }
         m.incarnation = incarnation;
-        match &mut m.standing {
+        match m.standing {
             Standing::Confirmed => Rumor::Drop,
-            Standing::Suspect(s) => {
+            Standing::Suspect => {
+                let Some(s) = self.suspected.get_mut(&id) else { return Rumor::Drop };
                 if s.suspecters.contains(&from) || s.suspecters.len() > s.expected as usize {
                     return Rumor::Drop;
                 }
@@ -682,14 +686,9 @@ impl Swim {
             }
             Standing::Alive => {
                 let deadline = now + suspicion_timeout(min, max, 0, expected);
-                m.standing = Standing::Suspect(Box::new(Suspicion {
-                    started: now,
-                    deadline,
-                    min,
-                    max,
-                    expected,
-                    suspecters: vec![from],
-                }));
+                m.standing = Standing::Suspect;
+                let suspicion = Suspicion { started: now, deadline, min, max, expected, suspecters: vec![from] };
+                self.suspected.insert(id, suspicion);
                 self.suspicions.insert((deadline, id));
                 self.events.push_back(Event::Suspect(id));
                 Rumor::Spread
@@ -697,13 +696,21 @@ impl Swim {
         }
     }
 
+    /// Drops the suspicion of `id`, if any, with its deadline.
+    fn lift_suspicion(&mut self, id: NodeId) {
+        if let Some(s) = self.suspected.remove(&id) {
+            self.suspicions.remove(&(s.deadline, id));
+        }
+    }
+
     fn confirm(&mut self, id: NodeId) {
         let Some(m) = self.members.get_mut(&id) else { return };
-        if !matches!(m.standing, Standing::Suspect(_)) {
+        if m.standing != Standing::Suspect {
             return;
         }
         let was_probed = m.probeable;
         m.standing = Standing::Confirmed;
+        self.suspected.remove(&id);
         if was_probed {
             self.leave_order(id);
         }
@@ -1049,8 +1056,8 @@ mod tests {
 
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
-            match &self.members[&id].standing {
-                Standing::Suspect(s) => s.deadline,
+            match self.members[&id].standing {
+                Standing::Suspect => self.suspected[&id].deadline,
                 _ => Time::NEVER,
             }
         }
@@ -1065,7 +1072,7 @@ mod tests {
                 return Err(format!("duplicate in probe order {:?}", self.order));
             }
             for (id, m) in &self.members {
-                let should = m.probeable && !matches!(m.standing, Standing::Confirmed);
+                let should = m.probeable && m.standing != Standing::Confirmed;
                 if should != self.order.contains(id) {
                     return Err(format!("{id:?} in probe order: {}, should be {should}", !should));
                 }
@@ -1076,11 +1083,15 @@ mod tests {
             let expected: BTreeSet<(Time, NodeId)> = self
                 .members
                 .iter()
-                .filter_map(|(id, m)| match &m.standing {
-                    Standing::Suspect(s) => Some((s.deadline, *id)),
+                .filter_map(|(id, m)| match m.standing {
+                    Standing::Suspect => Some((self.suspected.get(id)?.deadline, *id)),
                     _ => None,
                 })
                 .collect();
+            let suspects = self.members.values().filter(|m| m.standing == Standing::Suspect).count();
+            if suspects != self.suspected.len() || expected.len() != suspects {
+                return Err(format!("{suspects} suspects, {} suspicions kept", self.suspected.len()));
+            }
             if expected != self.suspicions {
                 return Err(format!("suspicion deadlines {:?}, members say {expected:?}", self.suspicions));
             }
