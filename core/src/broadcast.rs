@@ -136,8 +136,9 @@ pub struct BroadcastQueue<T> {
     /// The queued items; `None` where `free` lists a hole.
     slab: Vec<Option<Entry<T>>>,
     free: Vec<u32>,
-    /// Slab numbers, found by the key of their item.
-    index: HashTable<u32>,
+    /// Slab numbers by the key of their item (kept here too: finding an item never touches
+    /// the slab or the item).
+    index: HashTable<(NodeId, u32)>,
     hasher: FixedState,
     order: BTreeMap<Rank, u32>,
     evicted: u64,
@@ -216,9 +217,8 @@ impl<T: Update> BroadcastQueue<T> {
                 (self.slab.len() - 1) as u32
             }
         };
-        let hash = self.hasher.hash_one(key);
-        let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index.insert_unique(hash, at, |&i| hasher.hash_one(key_at(slab, i)));
+        let hasher = &self.hasher;
+        self.index.insert_unique(hasher.hash_one(key), (key, at), |(k, _)| hasher.hash_one(k));
         self.order.insert((0, Reverse(seq)), at);
         self.next_seq += 1;
         Queued::Added
@@ -312,7 +312,7 @@ impl<T: Update> BroadcastQueue<T> {
     /// The slab number of the item queued for `key`.
     fn position(&self, key: &NodeId) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
-        self.index.find(hash, |&i| key_at(&self.slab, i) == *key).copied()
+        self.index.find(hash, |(k, _)| k == key).map(|&(_, at)| at)
     }
 
     fn entry(&self, key: &NodeId) -> Option<&Entry<T>> {
@@ -324,7 +324,7 @@ impl<T: Update> BroadcastQueue<T> {
     fn vacate(&mut self, at: u32) -> Option<Entry<T>> {
         let key = key_at(&self.slab, at);
         let hash = self.hasher.hash_one(key);
-        if let Ok(found) = self.index.find_entry(hash, |&i| i == at) {
+        if let Ok(found) = self.index.find_entry(hash, |&(_, i)| i == at) {
             found.remove();
         }
         let e = self.slab[at as usize].take()?;

@@ -19,7 +19,7 @@ use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::sync::Arc;
 
 /// What this replica knows about one node.
@@ -121,6 +121,9 @@ pub struct Replica {
     /// A record of a deleted generation or an older one is refused, so a stale peer cannot bring
     /// it back.
     deleted: HashMap<NodeId, (u64, Time), FixedState>,
+    /// The nodes whose stored record is LEFT (the local node aside): what
+    /// [`Replica::collect_tombstones`] looks at, instead of every slot.
+    tombstones: BTreeSet<NodeId>,
     /// Merges refused by the watermark.
     resurrections_refused: u64,
 }
@@ -189,6 +192,7 @@ impl Replica {
             buckets: Box::new([0; BUCKETS]),
             by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
             deleted: HashMap::with_hasher(FixedState::default()),
+            tombstones: BTreeSet::new(),
             resurrections_refused: 0,
         };
         r.merge(now, Arc::new(local));
@@ -279,6 +283,8 @@ impl Replica {
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
+            let state = self.slots[self.slots.len() - 1].record.state;
+            self.note_tombstone(id, None, state);
             let routable = self.refresh(self.slots.len() - 1, None);
             return Merged { changed: true, new_node: true, routable };
         };
@@ -323,6 +329,8 @@ impl Replica {
         if slot.record.state == Lifecycle::Left {
             slot.alive = false;
         }
+        let (id, state) = (slot.record.id, slot.record.state);
+        self.note_tombstone(id, Some(previous.state), state);
         let routable = self.refresh(i, Some(&previous));
         Merged { changed: true, new_node: false, routable }
     }
@@ -421,12 +429,17 @@ impl Replica {
         let slot = &mut self.slots[i];
         slot.routable = routable;
         if routable {
-            for m in slot.record.models.as_slice() {
-                let list = self.hosts.entry_ref(m.name.as_str()).or_default();
-                if !list.contains(&id) {
-                    crate::reserve_one(list);
-                    list.push(id);
+            // Not listed under any model now: it was not routable, or its old models were just
+            // unlisted above. So no scan of the host lists, which hold thousands of nodes in a
+            // large federation; only a model named twice in one record is skipped.
+            let models = slot.record.models.as_slice();
+            for (k, m) in models.iter().enumerate() {
+                if models[..k].iter().any(|earlier| earlier.name == m.name) {
+                    continue;
                 }
+                let list = self.hosts.entry_ref(m.name.as_str()).or_default();
+                crate::reserve_one(list);
+                list.push(id);
             }
         }
         (was != routable).then_some(routable)
@@ -451,32 +464,36 @@ impl Replica {
     /// the GC watermark for another `ttl` so that a stale peer's copy is refused rather than
     /// merged back. `ttl` must be far longer than the longest partition expected to heal.
     ///
-    /// Only for replicas built [`Replica::without_expiry`]; others are left untouched. Costs one
-    /// pass over the slots.
+    /// Only for replicas built [`Replica::without_expiry`]; others are left untouched. Looks only
+    /// at the LEFT records, not at every slot.
     pub fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
         let mut done = Collected::default();
         if self.dead_after.is_some() {
             return done;
         }
         let half = ttl / 2;
-        let mut i = 1; // slot 0 is the local node, never collected
-        while i < self.slots.len() {
+        let due: Vec<NodeId> = self
+            .tombstones
+            .iter()
+            .filter(|id| self.get(id).is_some_and(|slot| slot.changed_at + half <= now))
+            .copied()
+            .collect();
+        for id in due {
+            // Looked up afresh: each deletion moves the last slot into the deleted one's place.
+            let Some(&i) = self.index.get(&id) else { continue };
+            let i = i as usize;
             let slot = &self.slots[i];
-            if slot.record.state != Lifecycle::Left || slot.changed_at + half > now {
-                i += 1;
-                continue;
-            }
             if !slot.retired {
-                self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= slot.sync_hash();
+                self.buckets[bucket_of(&id, BUCKETS)] ^= slot.sync_hash();
                 self.slots[i].retired = true;
                 done.retired += 1;
             }
             let slot = &self.slots[i];
             if slot.changed_at + ttl > now {
-                i += 1;
                 continue;
             }
-            let (id, generation) = (slot.record.id, slot.record.generation);
+            let generation = slot.record.generation;
+            self.tombstones.remove(&id);
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
             self.index.remove(&id);
@@ -497,6 +514,19 @@ impl Replica {
         self.deleted.retain(|_, (_, at)| *at + ttl > now);
         done.forgotten = before - self.deleted.len();
         done
+    }
+
+    /// Keeps `id` in `tombstones` exactly while its stored record is LEFT, given the stored
+    /// state before and after a merge (the set is touched only when either is LEFT).
+    fn note_tombstone(&mut self, id: NodeId, before: Option<Lifecycle>, after: Lifecycle) {
+        if id == self.local {
+            return;
+        }
+        if after == Lifecycle::Left {
+            self.tombstones.insert(id);
+        } else if before == Some(Lifecycle::Left) {
+            self.tombstones.remove(&id);
+        }
     }
 
     /// The numbers of the slots (positions in [`Replica::slots`]) whose records fall in the given
@@ -752,6 +782,76 @@ mod tests {
                     let id = r.slots()[i as usize].record().id;
                     assert_eq!(bucket_of(&id, count), usize::from(b));
                     assert_eq!(r.slot_number(&id), Some(i));
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever merges, sweeps and tombstone collections happen, each model's host list
+        /// holds exactly the routable nodes that serve it, each once (also when a record names a
+        /// model twice, in two formats); the tombstone set is exactly the LEFT records; no
+        /// tombstone outlives its lifetime; the slot numbers by bucket and by id stay exact.
+        #[test]
+        fn host_lists_tombstones_and_slot_numbers_follow_the_records(
+            ops in proptest::collection::vec(
+                (1u64..6, 1u64..3, 0usize..4, 0u64..4, proptest::collection::vec((0usize..3, proptest::bool::ANY), 0..3), 0u64..3),
+                1..60,
+            ),
+        ) {
+            use crate::record::Quantization;
+            let mut r = replica();
+            // The same merges into a replica without expiry that collects tombstones as it goes.
+            let mut w = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+            let ttl = Duration::from_secs(4);
+            let mut now = Time::ZERO;
+            let mut flips = Vec::new();
+            let names = ["a", "b", "c"];
+            for (n, generation, state, hb, models, wait) in ops {
+                now = now + Duration::from_secs(wait * 2);
+                r.sweep(now, &mut flips);
+                let state = [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Left, Lifecycle::Down][state];
+                let models: Vec<Model> = models
+                    .iter()
+                    .map(|&(m, fp16)| Model {
+                        name: names[m].into(),
+                        quant: if fp16 { Quantization::Fp16 } else { Quantization::Unknown },
+                    })
+                    .collect();
+                let mut record = (*rec(n, generation, state, hb, &[])).clone();
+                record.models = ModelSet::from_models(models);
+                let record = Arc::new(record);
+                r.merge(now, record.clone());
+                w.merge(now, record);
+                w.collect_tombstones(now, ttl);
+                for x in [&r, &w] {
+                    let left: BTreeSet<NodeId> = x.slots()[1..]
+                        .iter()
+                        .filter(|s| s.record().state == Lifecycle::Left)
+                        .map(|s| s.record().id)
+                        .collect();
+                    proptest::prop_assert_eq!(&x.tombstones, &left);
+                }
+                proptest::prop_assert!(w.slots().iter().all(|s| s.record().state != Lifecycle::Left || s.changed_at() + ttl > now));
+                let all: Vec<u16> = (0..BUCKETS as u16).collect();
+                let numbered: Vec<u32> = (0..w.len() as u32).collect();
+                let mut listed = w.slots_in_buckets(BUCKETS, &all);
+                listed.sort();
+                proptest::prop_assert_eq!(listed, numbered);
+                for (i, s) in w.slots().iter().enumerate() {
+                    proptest::prop_assert_eq!(w.slot_number(&s.record().id), Some(i as u32));
+                }
+                for name in names {
+                    let mut listed = r.serving(name).to_vec();
+                    listed.sort();
+                    let mut expected: Vec<NodeId> = r
+                        .slots()
+                        .iter()
+                        .filter(|s| s.is_routable() && s.record().models.as_slice().iter().any(|m| m.name == name))
+                        .map(|s| s.record().id)
+                        .collect();
+                    expected.sort();
+                    proptest::prop_assert_eq!(listed, expected, "hosts of {}", name);
                 }
             }
         }
