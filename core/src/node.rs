@@ -136,6 +136,9 @@ impl Config {
             if s.anti_entropy_interval.is_zero() {
                 return Err(ConfigError::ZeroInterval("swim anti_entropy_interval"));
             }
+            if s.outbound_anti_entropy_interval.is_zero() {
+                return Err(ConfigError::ZeroInterval("swim outbound_anti_entropy_interval"));
+            }
             if s.tombstone_ttl < s.anti_entropy_interval * 4 {
                 return Err(ConfigError::TombstoneTtl { ttl: s.tombstone_ttl, interval: s.anti_entropy_interval });
             }
@@ -389,6 +392,7 @@ impl Node {
                 let mut settings = settings.clone();
                 settings.gossip_interval = settings.gossip_interval.max(tick);
                 settings.anti_entropy_interval = settings.anti_entropy_interval.max(tick);
+                settings.outbound_anti_entropy_interval = settings.outbound_anti_entropy_interval.max(tick);
                 settings.gossip_fanout = settings.gossip_fanout.max(1);
                 Some(SwimState::new(settings, config.id, config.rng_seed, now))
             }

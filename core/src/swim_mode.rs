@@ -30,9 +30,11 @@
 //!   (or is) answers the sender with that record, so a node that missed a refutation learns of
 //!   it from the next peer it talks to;
 //! - runs one anti-entropy exchange of hashed buckets ([`crate::anti_entropy`]) with a random
-//!   peer every `anti_entropy_interval`, and one with every peer that connects (a joining node
-//!   learns the registry this way), each going on with the same peer while it finds
-//!   differences, so that partitions heal and whatever piggybacking missed is repaired;
+//!   peer every `anti_entropy_interval` (`outbound_anti_entropy_interval` on an outbound-only
+//!   node, whose pulls miss what has already left its peers' queues), and one with every peer
+//!   that connects (a joining node learns the registry this way), each going on with the same
+//!   peer while it finds differences, so that partitions heal and whatever piggybacking missed
+//!   is repaired;
 //! - keeps LEFT records as tombstones for `tombstone_ttl`: advertised for the first half, then
 //!   deleted, with a GC watermark that refuses a stale copy ([`crate::anti_entropy`]);
 //! - answers a datagram from a node it holds DOWN in that node's current generation with the
@@ -107,6 +109,12 @@ pub struct SwimSettings {
     pub queue_capacity: usize,
     /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
     pub anti_entropy_interval: Duration,
+    /// The same for an outbound-only node (at most `anti_entropy_interval`). Nobody can gossip
+    /// to it but its anchors; its pulls are answered only with what the peer still has queued,
+    /// which is gone a second after a change has spread, so a pull it loses leaves it behind
+    /// until its next exchange. Exchanges are cheap when nothing differs (one datagram of
+    /// bucket hashes, at most ~550 bytes), so these nodes run them more often.
+    pub outbound_anti_entropy_interval: Duration,
     /// How long a LEFT record is kept: advertised for half of it, then deleted at the end, its
     /// generation remembered for as long again so that a stale copy is refused. Must be far
     /// longer than the longest partition expected to heal.
@@ -115,7 +123,8 @@ pub struct SwimSettings {
 
 impl Default for SwimSettings {
     /// The detector's defaults (1 s periods), gossip every 200 ms to 3 peers while there is news,
-    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s, tombstones kept 6 h.
+    /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s (every 2 s on outbound-only
+    /// nodes), tombstones kept 6 h.
     fn default() -> SwimSettings {
         SwimSettings {
             detector: SwimConfig::default(),
@@ -124,6 +133,7 @@ impl Default for SwimSettings {
             retransmit_mult: 4,
             queue_capacity: 4096,
             anti_entropy_interval: Duration::from_secs(10),
+            outbound_anti_entropy_interval: Duration::from_secs(2),
             tombstone_ttl: Duration::from_secs(6 * 3600),
         }
     }
@@ -200,12 +210,22 @@ impl SwimState {
     }
 }
 
+/// The time between anti-entropy exchanges of a node reachable as `reach`: shorter when it is
+/// outbound-only.
+fn repair_interval(reach: &Reachability, settings: &SwimSettings) -> Duration {
+    if *reach == Reachability::OutboundOnly {
+        settings.outbound_anti_entropy_interval.min(settings.anti_entropy_interval)
+    } else {
+        settings.anti_entropy_interval
+    }
+}
+
 impl Node {
     /// Arms Swim mode's timers and queues the node's first record.
     pub(crate) fn swim_start(&mut self) {
         let Some(st) = self.swim.as_ref() else { return };
         let gossip = st.settings.gossip_interval;
-        let first_repair = st.settings.anti_entropy_interval.min(gossip.saturating_mul(10));
+        let first_repair = repair_interval(&self.config.reach, &st.settings).min(gossip.saturating_mul(10));
         let jitter = self.jitter(gossip);
         self.timers.set(Timer::Gossip, self.now + jitter);
         let jitter = self.jitter(first_repair);
@@ -448,7 +468,7 @@ impl Node {
                 self.timers.set(Timer::Gossip, self.now + interval);
             }
             Timer::AntiEntropy => {
-                let (interval, ttl) = (st.settings.anti_entropy_interval, st.settings.tombstone_ttl);
+                let (interval, ttl) = (repair_interval(&self.config.reach, &st.settings), st.settings.tombstone_ttl);
                 self.sync_round(interval, ttl);
             }
             _ => return false,
