@@ -629,6 +629,9 @@ mod tests {
         s.gossip_interval = Duration::ZERO;
         c.dissemination = Dissemination::Swim(s.clone());
         assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim gossip_interval")));
+        s = SwimSettings { outbound_anti_entropy_interval: Duration::ZERO, ..SwimSettings::default() };
+        c.dissemination = Dissemination::Swim(s.clone());
+        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim outbound_anti_entropy_interval")));
         s = SwimSettings::default();
         s.detector.probe_timeout = s.detector.protocol_period;
         c.dissemination = Dissemination::Swim(s);

@@ -210,6 +210,27 @@ fn outbound_only_nodes_hear_and_refute_suspicions_through_their_anchors() {
 }
 
 #[test]
+fn outbound_only_nodes_repair_their_replicas_more_often() {
+    // Their pulls are answered only from what peers still have queued, so what they miss waits
+    // for an anti-entropy exchange: they run one every 2 s, public nodes every 10 s.
+    let mut h = anchored(12, 4);
+    assert!(h.run_until(2 * LONG, views_agree), "views differ");
+    let started = |h: &Harness| h.running().map(|x| (x, h.node(x).stats().syncs_started)).collect::<Vec<_>>();
+    let before = started(&h);
+    h.run_for(Duration::from_secs(60));
+    for ((x, b), (_, a)) in before.iter().zip(started(&h)) {
+        let n = a - b;
+        eprintln!("{x}: {n} exchanges in 60 s");
+        if [id(1), id(2)].contains(x) {
+            assert!((4..=12).contains(&n), "gateway {x} started {n} exchanges in 60 s, expected ~6");
+        } else {
+            assert!((25..=40).contains(&n), "outbound-only {x} started {n} exchanges in 60 s, expected ~30");
+        }
+    }
+    assert!(views_agree(&h));
+}
+
+#[test]
 fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
     let mut h = anchored(20, 5);
     let all =
