@@ -259,12 +259,11 @@ impl Replica {
                 self.resurrections_refused += 1;
                 return Merged::default();
             }
-            let id = incoming.id;
-            let alive = incoming.state < Lifecycle::Left;
-            self.view ^= view_hash(&incoming);
-            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, content_stamp(&incoming));
-            let beat = incoming.heartbeat;
+            let (id, state, beat) = (incoming.id, incoming.state, incoming.heartbeat);
+            let alive = state < Lifecycle::Left;
             let stamp = content_stamp(&incoming);
+            self.view ^= view_hash(&incoming);
+            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, stamp);
             let slot = Slot {
                 record: incoming,
                 last_advanced: now,
@@ -283,7 +282,6 @@ impl Replica {
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
-            let state = self.slots[self.slots.len() - 1].record.state;
             self.note_tombstone(id, None, state);
             let routable = self.refresh(self.slots.len() - 1, None);
             return Merged { changed: true, new_node: true, routable };

@@ -382,10 +382,11 @@ mod tests {
     use super::*;
     use clap::{CommandFactory, FromArgMatches};
 
+    /// `tela gateway`'s arguments as a command of their own.
     #[derive(clap::Parser)]
-    struct Cli {
+    struct GatewayCli {
         #[command(flatten)]
-        args: GatewayArgs,
+        gateway: GatewayCommand,
     }
 
     #[test]
@@ -405,22 +406,16 @@ mod tests {
         )
         .expect("config");
         let path = file.to_str().expect("utf-8");
-        let matches = Cli::command().get_matches_from(["tela", "--config", path, "--listen", "127.0.0.1:9002"]);
-        let mut cli = Cli::from_arg_matches(&matches).expect("parses");
-        cli.args.explicit = explicit_args(&matches);
-        let config = cli.args.config().expect("valid");
+        let matches = GatewayCli::command().get_matches_from(["tela", "--config", path, "--listen", "127.0.0.1:9002"]);
+        let mut cli = GatewayCli::from_arg_matches(&matches).expect("parses");
+        cli.gateway.note_explicit(&matches);
+        let config = cli.gateway.run.config().expect("valid");
         assert_eq!(config.listen, "127.0.0.1:9002".parse().expect("addr"), "the flag wins");
         assert_eq!(config.anchor_listen, "127.0.0.1:9101".parse().expect("addr"), "the file fills in");
         assert_eq!((config.proxy.max_attempts, config.limits.header_timeout), (5, Duration::from_secs(3)));
         assert!(matches!(config.auth, AuthConfig::Open));
         assert!(config.spin.is_none());
         assert_eq!(config.membership, tela_runtime::Membership::Swim, "the file fills in");
-    }
-
-    #[derive(clap::Parser)]
-    struct GatewayCli {
-        #[command(flatten)]
-        gateway: GatewayCommand,
     }
 
     fn threads(args: &[&str]) -> anyhow::Result<usize> {
