@@ -31,7 +31,11 @@
 //! Members that are outbound-only cannot be pinged and are never probed (`probeable = false`);
 //! their anchors vouch for them ([`Swim::set_voucher`]), which suppresses suspicion while the
 //! voucher holds its connection to them. An anchor that loses that connection reports it with
-//! [`Swim::suspect`].
+//! [`Swim::suspect`]. A process killed without closing its connections is only noticed by the
+//! transport's idle timeout (30 s), so the anchor also holds a *lease* on each member it vouches
+//! for: any message from the member renews it ([`Swim::heard_from`]), a third of
+//! [`SwimConfig::vouch_lease`] in silence brings a ping, and a whole lease in silence a
+//! suspicion, as a failed probe would.
 //!
 //! # Incarnations
 //!
@@ -76,7 +80,7 @@ use hashbrown::HashMap;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod config;
 pub use config::{suspicion_timeout, SwimConfig, SwimConfigError};
@@ -218,6 +222,10 @@ pub struct Swim {
     /// Members vouched for, by their voucher: only an anchor's own outbound-only members, so
     /// kept apart from the member table every node holds for every member.
     vouchers: HashMap<NodeId, NodeId, FixedState>,
+    /// The outbound-only members this node anchors (it holds their connections): when each was
+    /// last heard from. Kept through a suspicion, so that vouching resumes after the refutation.
+    leases: BTreeMap<NodeId, Time>,
+    next_lease_check: Time,
     /// Probe order of the current pass: probeable members not confirmed dead.
     order: Vec<NodeId>,
     cursor: usize,
@@ -251,6 +259,8 @@ impl Swim {
             members: HashMap::with_hasher(FixedState::default()),
             suspected: HashMap::with_hasher(FixedState::default()),
             vouchers: HashMap::with_hasher(FixedState::default()),
+            leases: BTreeMap::new(),
+            next_lease_check: Time::NEVER,
             order: Vec::new(),
             cursor: 0,
             passes: 0,
@@ -297,6 +307,7 @@ impl Swim {
         }
         self.vouchers.remove(&id);
         self.vouchers.retain(|_, voucher| *voucher != id);
+        self.leases.remove(&id);
         true
     }
 
@@ -324,12 +335,28 @@ impl Swim {
     /// of it from anyone but the voucher are dropped, and one already running is lifted. The mark
     /// ends when the voucher suspects it (gossip from the voucher, or [`Swim::suspect`] when the
     /// voucher is this node) or when the voucher is removed.
+    ///
+    /// When the voucher is this node, it also holds a lease on the member: it pings the member
+    /// after a third of [`SwimConfig::vouch_lease`] in silence and suspects it after a whole
+    /// lease, so a member killed without closing its connection is found within the lease.
     pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
-        let Some(m) = self.members.get_mut(&id) else { return };
+        if !self.members.contains_key(&id) {
+            return;
+        }
         match voucher {
             Some(v) => self.vouchers.insert(id, v),
             None => self.vouchers.remove(&id),
         };
+        if voucher == Some(self.local) {
+            // A lease already held runs on: being told again is no sign of life.
+            self.leases.entry(id).or_insert(self.now);
+            if self.next_lease_check == Time::NEVER {
+                self.next_lease_check = self.now + self.lease_step();
+            }
+        } else {
+            self.leases.remove(&id);
+        }
+        let Some(m) = self.members.get_mut(&id) else { return };
         if voucher.is_some() && m.standing == Standing::Suspect {
             m.standing = Standing::Alive;
             self.lift_suspicion(id);
@@ -339,24 +366,34 @@ impl Swim {
 
     /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
     /// member it vouched for): suspects it as a failed probe would, unless another node vouches
-    /// for it.
+    /// for it. Ends this node's lease on `id`.
     pub fn suspect(&mut self, now: Time, id: NodeId) {
         self.advance(now);
+        self.leases.remove(&id);
         self.suspect_locally(id);
+    }
+
+    /// Something arrived from `id` (any message): renews this node's lease on it, if it holds
+    /// one. The probe inputs below count on their own.
+    pub fn heard_from(&mut self, now: Time, id: NodeId) {
+        self.advance(now);
+        if let Some(heard) = self.leases.get_mut(&id) {
+            *heard = (*heard).max(self.now);
+        }
     }
 
     // ----- inputs -----------------------------------------------------------------------------
 
     /// A ping from `from`: answer it.
     pub fn on_ping(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.advance(now);
+        self.heard_from(now, from);
         self.actions.push_back(Action::SendAck { to: from, seq });
     }
 
     /// A ping-req from `from`: ping `target` on its behalf and forward the ack, or nack if none
     /// comes within 80% of the probe timeout (so the nack reaches the prober within its period).
     pub fn on_ping_req(&mut self, now: Time, from: NodeId, target: NodeId, seq: u32) {
-        self.advance(now);
+        self.heard_from(now, from);
         if target == self.local {
             self.actions.push_back(Action::SendAck { to: from, seq });
             return;
@@ -373,7 +410,7 @@ impl Swim {
     /// An ack from `from` for `seq`: the target of our probe answered (directly or through a
     /// helper), or the target of a ping-req we serve answered and we forward it.
     pub fn on_ack(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.advance(now);
+        self.heard_from(now, from);
         if let Some(i) = self.relays.iter().position(|r| r.seq == seq && r.target == from) {
             let r = self.relays.swap_remove(i);
             self.actions.push_back(Action::SendAck { to: r.origin, seq: r.origin_seq });
@@ -390,7 +427,7 @@ impl Swim {
     /// A nack from helper `from` for our probe `seq`: the target did not answer it, but our
     /// link to the helper works.
     pub fn on_nack(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.advance(now);
+        self.heard_from(now, from);
         if let Some(p) = self.probe.as_mut() {
             if p.seq == seq && p.vias.contains(&from) && !p.nacks.contains(&from) {
                 p.nacks.push(from);
@@ -427,12 +464,17 @@ impl Swim {
             m.standing = Standing::Alive;
             self.lift_suspicion(id);
             self.events.push_back(Event::Alive(id));
+            // Refuted: an anchor that suspected its own member vouches for it again.
+            if let Some(heard) = self.leases.get_mut(&id) {
+                *heard = self.now;
+                self.vouchers.insert(id, self.local);
+            }
         }
         Rumor::Spread
     }
 
     /// Handles every deadline due at `now`: suspicions that ran out, ping-reqs that got no ack,
-    /// the switch to indirect probing, and the next protocol period.
+    /// the switch to indirect probing, the next protocol period, and the leases.
     pub fn on_timeout(&mut self, now: Time) {
         self.advance(now);
         let now = self.now;
@@ -458,6 +500,9 @@ impl Swim {
         if self.next_probe <= now {
             self.next_period();
         }
+        if self.next_lease_check <= now {
+            self.check_leases();
+        }
     }
 
     // ----- outputs and state ------------------------------------------------------------------
@@ -477,7 +522,7 @@ impl Swim {
         let suspicion = self.suspicions.first().map_or(Time::NEVER, |&(at, _)| at);
         let relay = self.relays.iter().map(|r| r.nack_at).min().unwrap_or(Time::NEVER);
         let indirect = self.probe.as_ref().and_then(|p| p.indirect_at).unwrap_or(Time::NEVER);
-        suspicion.min(relay).min(indirect).min(self.next_probe)
+        suspicion.min(relay).min(indirect).min(self.next_probe).min(self.next_lease_check)
     }
 
     /// The local health multiplier, `0..=max_health`; 0 is healthy.
@@ -582,6 +627,43 @@ impl Swim {
             self.order.swap_remove(self.cursor);
         } else {
             self.order.swap_remove(at);
+        }
+    }
+
+    /// How often the leases are checked: a sixth of the lease.
+    fn lease_step(&self) -> Duration {
+        (self.config.vouch_lease / 6).max(Duration::from_millis(1))
+    }
+
+    /// Pings every member this node anchors that has been silent for a third of the lease, and
+    /// suspects those silent for a whole lease (each once: a suspect is left to its suspicion).
+    fn check_leases(&mut self) {
+        let now = self.now;
+        if self.leases.is_empty() {
+            self.next_lease_check = Time::NEVER;
+            return;
+        }
+        self.next_lease_check = now + self.lease_step();
+        let (lease, quiet) = (self.config.vouch_lease, self.config.vouch_lease / 3);
+        let mut expired = Vec::new();
+        let mut ping = Vec::new();
+        for (&id, &heard) in &self.leases {
+            if !self.members.get(&id).is_some_and(|m| m.standing == Standing::Alive) {
+                continue;
+            }
+            let silent = now.saturating_since(heard);
+            if silent >= lease {
+                expired.push(id);
+            } else if silent >= quiet {
+                ping.push(id);
+            }
+        }
+        for to in ping {
+            let seq = self.take_seq();
+            self.actions.push_back(Action::SendPing { to, seq });
+        }
+        for id in expired {
+            self.suspect_locally(id);
         }
     }
 
@@ -1041,6 +1123,77 @@ mod tests {
     }
 
     #[test]
+    fn an_anchor_holds_a_lease_on_its_member_pinging_it_in_silence_and_suspecting_it_after() {
+        let lease = config().vouch_lease;
+        let mut s = swim(2);
+        s.add_member(Time::ZERO, id(10), 0, false);
+        s.set_voucher(id(10), Some(ME));
+        // Runs to `until`, answering every ping while `answers` says so; returns the pings
+        // the member got and the events.
+        let run = |s: &mut Swim, until: Time, answers: bool| {
+            let (mut pinged, mut evs) = (Vec::new(), Vec::new());
+            while s.next_deadline() <= until {
+                let (at, acts) = step(s);
+                for a in acts {
+                    if let Action::SendPing { to, seq } = a {
+                        if to == id(10) {
+                            pinged.push(at);
+                        }
+                        if answers || to != id(10) {
+                            s.on_ack(at, to, seq);
+                        }
+                    }
+                }
+                evs.extend(events(s));
+            }
+            (pinged, evs)
+        };
+        // Answering: pinged after a third of the lease in silence, never suspected.
+        let (pinged, evs) = run(&mut s, Time::from_secs(60), true);
+        assert!(evs.is_empty(), "{evs:?}");
+        assert!(pinged.len() >= 15 && pinged.len() <= 60, "{} lease pings in 60 s", pinged.len());
+        // Other traffic renews the lease: no pings while it talks to us.
+        let mut t = Time::from_secs(60);
+        let mut quiet = 0;
+        while t < Time::from_secs(70) {
+            s.heard_from(t, id(10));
+            t = t + Duration::from_millis(500);
+            let (pinged, _) = run(&mut s, t, true);
+            quiet += pinged.len();
+        }
+        assert_eq!(quiet, 0, "pinged while it talked to us");
+        // Killed at 70 s without a word: suspected a lease after it was last heard.
+        let last = Time::from_secs(70).saturating_sub(Duration::from_millis(500));
+        let mut suspected = None;
+        let mut pings = 0;
+        while suspected.is_none() && s.next_deadline() < Time::from_secs(120) {
+            let (at, acts) = step(&mut s);
+            pings += acts.iter().filter(|a| matches!(a, Action::SendPing { to, .. } if *to == id(10))).count();
+            for a in acts {
+                if let Action::SendPing { to, seq } = a {
+                    if to != id(10) {
+                        s.on_ack(at, to, seq);
+                    }
+                }
+            }
+            if events(&mut s).contains(&Event::Suspect(id(10))) {
+                suspected = Some(at);
+            }
+        }
+        let at = suspected.expect("never suspected");
+        assert!(at >= last + lease && at <= last + lease + lease / 6, "suspected at {at}, last heard {last}");
+        assert!(pings >= 4, "only {pings} pings before giving up");
+        // Its refutation makes the anchor vouch again: others' suspicions are dropped.
+        assert_eq!(s.on_alive_gossip(at, id(10), 1), Rumor::Spread);
+        assert_eq!(events(&mut s), vec![Event::Alive(id(10))]);
+        assert_eq!(s.on_suspect_gossip(at, id(10), 1, id(1)), Rumor::Drop, "we vouch for it again");
+        // Losing the connection ends the lease: no more lease pings.
+        s.suspect(at, id(10));
+        let (pinged, _) = run(&mut s, at + lease * 4, false);
+        assert!(pinged.is_empty(), "pinged after the connection closed: {pinged:?}");
+    }
+
+    #[test]
     fn unprobeable_members_are_never_probed() {
         let mut s = swim(2);
         s.add_member(Time::ZERO, id(10), 0, false);
@@ -1112,6 +1265,13 @@ mod tests {
             if self.health > self.config.max_health {
                 return Err(format!("health {} over {}", self.health, self.config.max_health));
             }
+            // Leases are held on members only, and a held lease is checked.
+            if let Some(id) = self.leases.keys().find(|id| !self.members.contains_key(*id)) {
+                return Err(format!("lease on {id:?}, not a member"));
+            }
+            if !self.leases.is_empty() && self.next_lease_check == Time::NEVER {
+                return Err("leases held but never checked".into());
+            }
             Ok(())
         }
     }
@@ -1132,6 +1292,7 @@ mod tests {
         AliveGossip(u64, u64),
         Timeout,
         Incarnation(u64),
+        Heard(u64),
     }
 
     fn input() -> impl Strategy<Value = Input> {
@@ -1151,6 +1312,7 @@ mod tests {
             1 => (n(), 0u64..6).prop_map(|(a, i)| Input::AliveGossip(a, i)),
             4 => Just(Input::Timeout),
             1 => (0u64..8).prop_map(Input::Incarnation),
+            1 => n().prop_map(Input::Heard),
         ]
     }
 
@@ -1185,6 +1347,7 @@ mod tests {
                     Input::AliveGossip(a, inc) => { let _ = s.on_alive_gossip(now, id(a), inc); }
                     Input::Timeout => { let at = s.next_deadline(); if at != Time::NEVER { s.on_timeout(at); } }
                     Input::Incarnation(inc) => s.set_incarnation(inc),
+                    Input::Heard(a) => s.heard_from(now, id(a)),
                 }
                 for a in actions(&mut s) {
                     match a {

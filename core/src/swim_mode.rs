@@ -51,7 +51,10 @@
 //!
 //! Outbound-only nodes are probed only by peers holding a connection to them, which vouch for
 //! them ([`Swim::set_voucher`]): suspicions of them from anyone else are dropped while a
-//! voucher holds the connection. A voucher that loses the connection raises the suspicion itself.
+//! voucher holds the connection. A voucher that loses the connection raises the suspicion
+//! itself, and so does one that hears nothing from the node for a lease (3 s; every message from
+//! it counts, and a silent one is pinged first): a killed process's connection would otherwise
+//! linger until the transport's idle timeout.
 //!
 //! The load summary in records is not refreshed in this mode (it would have to be flooded);
 //! routing reads load from the gateway's own accounting.
@@ -328,6 +331,10 @@ impl Node {
     /// Handles the SWIM messages; push-pull messages go to [`Node::handle_message`].
     pub(crate) fn swim_message(&mut self, from: NodeId, msg: Message) {
         let now = self.now;
+        // Any message renews the lease an anchor holds on an outbound-only member.
+        if let Some(st) = self.swim.as_mut() {
+            st.detector.heard_from(now, from);
+        }
         let (probe, piggyback) = match msg {
             Message::Ping { seq, piggyback } => (Some((0, seq, None)), piggyback),
             Message::PingReq { target, seq, piggyback } => (Some((1, seq, Some(target))), piggyback),

@@ -20,11 +20,15 @@ pub struct SwimConfig {
     pub suspicion_confirmations: u32,
     /// Highest local health multiplier; timeouts stretch up to `max_health + 1` times.
     pub max_health: u8,
+    /// An anchor suspects an outbound-only member it vouches for after hearing nothing from it
+    /// for this long; it pings the member after a third of it in silence. Nobody else can probe
+    /// such a member, and a killed process's connection only times out much later.
+    pub vouch_lease: Duration,
 }
 
 impl Default for SwimConfig {
     /// 1 s periods, 500 ms probe timeout, 3 indirect probes, suspicion 4 to 24 periods per decade
-    /// of cluster size shrinking over 3 confirmations, local health up to 8.
+    /// of cluster size shrinking over 3 confirmations, local health up to 8, 3 s vouch leases.
     fn default() -> SwimConfig {
         SwimConfig {
             protocol_period: Duration::from_secs(1),
@@ -34,6 +38,7 @@ impl Default for SwimConfig {
             suspicion_max_periods: 24,
             suspicion_confirmations: 3,
             max_health: 8,
+            vouch_lease: Duration::from_secs(3),
         }
     }
 }
@@ -53,6 +58,9 @@ impl SwimConfig {
                 max: self.suspicion_max_periods,
             });
         }
+        if self.vouch_lease < self.protocol_period {
+            return Err(SwimConfigError::VouchLease { lease: self.vouch_lease, period: self.protocol_period });
+        }
         Ok(())
     }
 
@@ -64,6 +72,7 @@ impl SwimConfig {
         }
         self.suspicion_min_periods = self.suspicion_min_periods.max(1);
         self.suspicion_max_periods = self.suspicion_max_periods.max(self.suspicion_min_periods);
+        self.vouch_lease = self.vouch_lease.max(self.protocol_period);
         self
     }
 
@@ -105,6 +114,14 @@ pub enum SwimConfigError {
         /// The configured maximum.
         max: u32,
     },
+    /// A lease shorter than a period would suspect members between two pings.
+    #[error("vouch_lease ({lease:?}) must be at least protocol_period ({period:?})")]
+    VouchLease {
+        /// The configured lease.
+        lease: Duration,
+        /// The configured period.
+        period: Duration,
+    },
 }
 
 /// The Lifeguard suspicion timeout after `confirmations` independent confirmations out of
@@ -144,6 +161,10 @@ mod tests {
         c = config();
         c.protocol_period = Duration::ZERO;
         assert_eq!(c.validate(), Err(SwimConfigError::ZeroPeriod));
+        let mut short = config();
+        short.vouch_lease = short.protocol_period / 2;
+        assert!(short.validate().unwrap_err().to_string().contains("vouch_lease"));
+        assert_eq!(short.clamped().vouch_lease, config().protocol_period);
         let c = c.clamped();
         assert_eq!(c.validate(), Ok(()));
         assert_eq!((c.protocol_period, c.probe_timeout), (Duration::from_millis(1), Duration::from_micros(500)));
