@@ -115,6 +115,10 @@ pub struct Network {
     pub reorder: f64,
     /// How long a NAT keeps a path open after the inside node last sent on it.
     pub nat_timeout_s: f64,
+    /// How long a connection hears nothing before it is closed: the peers of a process killed
+    /// without closing its connections (`kill -9`, Slurm's kill at the walltime or after a
+    /// preemption's grace) learn of the loss only then. The runtime's default is 30 s.
+    pub idle_timeout_s: f64,
 }
 
 /// Per-node clock skew: each node's `now` is `offset + t × (1 + drift)`.
@@ -453,6 +457,7 @@ impl Default for Network {
             duplicate: 0.0,
             reorder: 0.0,
             nat_timeout_s: 30.0,
+            idle_timeout_s: 30.0,
         }
     }
 }

@@ -23,6 +23,15 @@ pub type Micros = u64;
 /// Added to every local clock so that negative offsets never reach zero.
 const CLOCK_BASE: i128 = 10_000_000_000;
 
+/// How a process ended, as its peers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// It exited and closed its connections.
+    Exit,
+    /// It was killed: its connections were never closed.
+    Kill,
+}
+
 /// What happens at one point of the global timeline.
 #[derive(Debug)]
 pub(crate) enum Kind {
@@ -44,6 +53,8 @@ pub(crate) enum Kind {
     Kill { host: u32, job: u32 },
     /// `kill -9` of a host, restarted later.
     Crash(u32),
+    /// `peer`'s connection to `of`, whose process was killed, reaches its idle timeout.
+    LinkTimeout { peer: u32, of: u32 },
     /// A partition starts.
     PartitionStart(u32),
     /// A partition heals.
@@ -100,6 +111,7 @@ impl Kind {
             Kind::ColdExpire { gateway, model } => (20, *gateway, *model),
             Kind::SpinPreempt => (21, 0, 0),
             Kind::SpinMinute => (22, 0, 0),
+            Kind::LinkTimeout { peer, of } => (23, *peer, *of),
         }
     }
 }
@@ -362,6 +374,7 @@ impl Sim {
             Kind::Preempt(h) => self.preempt(h),
             Kind::Kill { host, job } => self.kill_job(host, job),
             Kind::Crash(h) => self.crash(h),
+            Kind::LinkTimeout { peer, of } => self.link_timeout(peer, of),
             Kind::PartitionStart(p) => self.active_partitions.push(p),
             Kind::PartitionEnd(p) => self.active_partitions.retain(|x| *x != p),
             Kind::Arrival => self.arrival(),
@@ -520,8 +533,10 @@ impl Sim {
         self.feed(gateway, Input::PeerConnected(id_of(dialer)));
     }
 
-    /// Ends a host's process: connections drop, in-flight requests fail.
-    pub(crate) fn stop_process(&mut self, h: u32) {
+    /// Ends a host's process: in-flight requests fail and its connections drop. A process that
+    /// exits closes them, and its peers know at once; one that is killed does not, and each peer
+    /// learns of the loss only when its side of the connection reaches the idle timeout.
+    pub(crate) fn stop_process(&mut self, h: u32, how: Stop) {
         let host = &mut self.hosts[h as usize];
         if host.node.take().is_none() {
             return;
@@ -535,11 +550,23 @@ impl Sim {
         for r in failed {
             self.fail_request(r);
         }
+        let idle = micros(self.sc.network.idle_timeout_s);
         for l in links {
             self.hosts[l as usize].links.remove(&h);
-            self.feed(l, Input::PeerDisconnected(id_of(h)));
+            match how {
+                Stop::Exit => self.feed(l, Input::PeerDisconnected(id_of(h))),
+                Stop::Kill => self.after(idle, Kind::LinkTimeout { peer: l, of: h }),
+            }
         }
         self.t.on_host_stopped(h, self.now);
+    }
+
+    /// A connection to a killed process timed out, unless the host came back and connected
+    /// again meanwhile (the new connection replaced it).
+    fn link_timeout(&mut self, peer: u32, of: u32) {
+        if self.hosts[peer as usize].running() && !self.hosts[peer as usize].links.contains(&of) {
+            self.feed(peer, Input::PeerDisconnected(id_of(of)));
+        }
     }
 
     /// Builds the hosts and schedules the world (see `world.rs`).

@@ -24,7 +24,7 @@
 
 use crate::rng::{self, Stream};
 use crate::scenario::{quantization, Scenario, SpinModel};
-use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim};
+use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim, Stop};
 use crate::track::quantile;
 use crate::world::Routed;
 use rand::Rng;
@@ -592,7 +592,7 @@ impl Sim {
                 match j.host {
                     None => self.spin_job_over(job.0, None),
                     Some(h) => {
-                        self.stop_process(h);
+                        self.stop_process(h, Stop::Exit);
                         self.spin_job_over(job.0, None);
                     }
                 }

@@ -3,7 +3,7 @@
 
 use crate::rng;
 use crate::scenario::{Partition, Scenario};
-use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim};
+use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim, Stop};
 use crate::track::DrainCause;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -260,7 +260,7 @@ impl Sim {
     pub(crate) fn job_end(&mut self, h: u32, job: u32) {
         if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
             self.t.walltime_kills += 1;
-            self.stop_process(h);
+            self.stop_process(h, Stop::Kill);
             self.requeue(h, DrainCause::Walltime);
         }
     }
@@ -297,7 +297,7 @@ impl Sim {
     pub(crate) fn kill_job(&mut self, h: u32, job: u32) {
         if self.hosts[h as usize].job == job && self.hosts[h as usize].running() {
             self.t.preempt_kills += 1;
-            self.stop_process(h);
+            self.stop_process(h, Stop::Kill);
             self.requeue(h, DrainCause::Preemption);
         }
     }
@@ -307,7 +307,7 @@ impl Sim {
             return;
         }
         self.t.on_crash(h, self.now, &self.hosts);
-        self.stop_process(h);
+        self.stop_process(h, Stop::Kill);
         let delay = micros(uniform(&mut self.fault_rng, self.sc.jobs.crash_restart_s));
         self.after(delay, Kind::Start(h));
     }
@@ -369,7 +369,7 @@ impl Sim {
             Command::Exit => {
                 self.t.clean_exits += 1;
                 let how = self.t.drain_cause.get(&h).copied().unwrap_or(DrainCause::Walltime);
-                self.stop_process(h);
+                self.stop_process(h, Stop::Exit);
                 self.requeue(h, how);
             }
         }
