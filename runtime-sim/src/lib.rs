@@ -4,7 +4,10 @@
 //! One thread, virtual time, one root seed split into named random streams. The network model
 //! has sites with intra-site and WAN latency and jitter, loss, duplication, reordering, symmetric
 //! and one-way partitions, NAT in front of outbound-only nodes, per-node clock offset and drift,
-//! and the 1,100-byte datagram limit enforced on every send. The world model has Slurm-like jobs
+//! and the 1,100-byte datagram limit enforced on every send. Connections to gateways close at
+//! once when a process exits, but a killed process (`kill -9`, Slurm's kill) closes nothing: its
+//! peers learn of it only at the idle timeout (`network.idle_timeout_s`, 30 s like the
+//! runtime's transports). The world model has Slurm-like jobs
 //! (queue waits, walltimes with their drain, preemptions with a grace period, crashes), engines
 //! (start-up time, token rate) and clients whose requests simulated gateways route with the
 //! core's own routing decision.
