@@ -1,7 +1,7 @@
 //! Killing the engine a node launched (`--engine-cmd`) turns the node DOWN at once; the node
 //! relaunches it and comes back SERVE in a new generation (a DOWN record cannot come back in
 //! its own); and a node process that is drained (`tela drain`) and started again comes back
-//! in a newer generation still.
+//! in a newer generation still. A node killed outright takes its launched engine with it.
 
 mod common;
 
@@ -70,5 +70,34 @@ fn a_killed_engine_turns_its_node_down_and_restarts_bring_new_generations() {
             routable(s, &id) && s.record(&id).is_some_and(|(r, _)| r.generation > gen2)
         })
         .await;
+    });
+}
+
+/// `kill -9` of the node (no handler runs, nothing is stopped): the engine it launched goes
+/// with it instead of holding its GPU and port for a node that is gone.
+#[test]
+fn a_killed_node_takes_its_launched_engine_with_it() {
+    run_test(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let anchor = anchor().await;
+        let join = anchor.local_addr().to_string();
+        let port = free_port();
+        let engine_cmd =
+            format!("exec '{}' engine-sim --host 127.0.0.1 --port {port} --model launched", tela_bin().display());
+        let backend = format!("http://127.0.0.1:{port}");
+        let files = NodeFiles::new(dir.path(), "node");
+        let id = files.node_id();
+        let args = ["--engine-cmd", engine_cmd.as_str(), "--backend-url", backend.as_str()];
+        let mut node = node("node", &files, &join, SECRET, &args);
+        until(&anchor, "the node serves its launched engine", Duration::from_secs(30), |s| routable(s, &id)).await;
+        let engine = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        assert!(std::net::TcpStream::connect(engine).is_ok(), "the engine listens");
+
+        node.kill();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect_timeout(&engine, Duration::from_millis(200)).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "the engine outlived its node by 10 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     });
 }
