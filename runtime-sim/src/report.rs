@@ -171,6 +171,9 @@ pub struct Report {
     pub max_datagram_bytes: usize,
     /// Datagrams sent.
     pub datagrams: u64,
+    /// Connections closed by the idle timeout: the peers' sides of a killed process's, and
+    /// those a partition cut for that long.
+    pub connections_timed_out: u64,
     /// Bytes sent per node per simulated second, averaged over the run.
     pub bytes_per_node_per_s: f64,
     /// Bytes per node per second over the last 10 seconds (steady state).
@@ -303,6 +306,7 @@ impl Report {
             hash: format!("{:016x}", sim.trace_hash()),
             max_datagram_bytes: t.max_datagram,
             datagrams: t.datagrams,
+            connections_timed_out: t.connections_timed_out,
             bytes_per_node_per_s: t.bytes as f64 / nodes.max(1) as f64 / sim_s.max(1e-9),
             bytes_per_node_per_s_tail: tail_bps,
             convergence: Convergence {
@@ -378,7 +382,7 @@ impl Report {
         let r = &self.requests;
         format!(
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
-             network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s); max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
+             network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
              requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
@@ -401,6 +405,7 @@ impl Report {
             dup = self.network.duplicate,
             reo = self.network.reorder,
             parts = self.partitions,
+            idle = self.connections_timed_out,
             maxd = self.max_datagram_bytes,
             bps = self.bytes_per_node_per_s,
             tail = self.bytes_per_node_per_s_tail,

@@ -23,6 +23,12 @@ pub type Micros = u64;
 /// Added to every local clock so that negative offsets never reach zero.
 const CLOCK_BASE: i128 = 10_000_000_000;
 
+/// The wait before redial `attempt` (0 for the first after a loss): 500 ms doubling up to
+/// 30 s, the runtime's defaults.
+fn redial_delay(attempt: u8) -> Micros {
+    500_000u64.saturating_mul(1 << attempt.min(6)).min(30_000_000)
+}
+
 /// How a process ended, as its peers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stop {
@@ -39,8 +45,9 @@ pub(crate) enum Kind {
     Wake(u32),
     /// A datagram arrives.
     Deliver { to: u32, from: u32, payload: Bytes },
-    /// A connection from `dialer` to gateway `gateway` completes its handshake.
-    Connect { dialer: u32, gateway: u32 },
+    /// A connection from `dialer` to gateway `gateway` completes its handshake (the dial's
+    /// `attempt`, from 0, sets the backoff before the next one if it cannot).
+    Connect { dialer: u32, gateway: u32, attempt: u8 },
     /// A host's process (a job) starts.
     Start(u32),
     /// The engine of a job answers health checks.
@@ -55,6 +62,9 @@ pub(crate) enum Kind {
     Crash(u32),
     /// `peer`'s connection to `of`, whose process was killed, reaches its idle timeout.
     LinkTimeout { peer: u32, of: u32 },
+    /// The connection between `a` and `b`, cut by partition `partition`, reaches its idle
+    /// timeout if the partition still holds.
+    PartitionIdle { a: u32, b: u32, partition: u32 },
     /// A partition starts.
     PartitionStart(u32),
     /// A partition heals.
@@ -90,7 +100,7 @@ impl Kind {
         match self {
             Kind::Wake(h) => (0, *h, 0),
             Kind::Deliver { to, from, payload } => (1, *to, *from ^ ((payload.len() as u32) << 16)),
-            Kind::Connect { dialer, gateway } => (2, *dialer, *gateway),
+            Kind::Connect { dialer, gateway, .. } => (2, *dialer, *gateway),
             Kind::Start(h) => (3, *h, 0),
             Kind::EngineUp { host, job } => (4, *host, *job),
             Kind::JobEnd { host, job } => (5, *host, *job),
@@ -112,6 +122,7 @@ impl Kind {
             Kind::SpinPreempt => (21, 0, 0),
             Kind::SpinMinute => (22, 0, 0),
             Kind::LinkTimeout { peer, of } => (23, *peer, *of),
+            Kind::PartitionIdle { a, b, .. } => (24, *a, *b),
         }
     }
 }
@@ -367,7 +378,7 @@ impl Sim {
                 }
             }
             Kind::Deliver { to, from, payload } => self.deliver(to, from, payload),
-            Kind::Connect { dialer, gateway } => self.connect(dialer, gateway),
+            Kind::Connect { dialer, gateway, attempt } => self.connect(dialer, gateway, attempt),
             Kind::Start(h) => self.start(h),
             Kind::EngineUp { host, job } => self.engine_up(host, job),
             Kind::JobEnd { host, job } => self.job_end(host, job),
@@ -375,7 +386,8 @@ impl Sim {
             Kind::Kill { host, job } => self.kill_job(host, job),
             Kind::Crash(h) => self.crash(h),
             Kind::LinkTimeout { peer, of } => self.link_timeout(peer, of),
-            Kind::PartitionStart(p) => self.active_partitions.push(p),
+            Kind::PartitionIdle { a, b, partition } => self.partition_idle(a, b, partition),
+            Kind::PartitionStart(p) => self.partition_start(p),
             Kind::PartitionEnd(p) => self.active_partitions.retain(|x| *x != p),
             Kind::Arrival => self.arrival(),
             Kind::RequestDone(r) => self.request_done(r),
@@ -517,14 +529,15 @@ impl Sim {
         self.feed(to, Input::Datagram { from: id_of(from), payload });
     }
 
-    fn connect(&mut self, dialer: u32, gateway: u32) {
+    fn connect(&mut self, dialer: u32, gateway: u32, attempt: u8) {
         let (d, g) = (&self.hosts[dialer as usize], &self.hosts[gateway as usize]);
         if !d.running() || !g.running() || d.links.contains(&gateway) {
             return;
         }
         if self.blocked(d.site, g.site) || self.blocked(g.site, d.site) {
-            // Handshake cannot complete: try again later, as a real dialler backs off.
-            self.after(2_000_000, Kind::Connect { dialer, gateway });
+            // Handshake cannot complete: try again later, backing off as the runtime does.
+            let next = attempt.saturating_add(1);
+            self.after(redial_delay(next), Kind::Connect { dialer, gateway, attempt: next });
             return;
         }
         self.hosts[dialer as usize].links.insert(gateway);
@@ -561,10 +574,57 @@ impl Sim {
         self.t.on_host_stopped(h, self.now);
     }
 
+    /// Partition `p` starts: every connection it cuts will reach its idle timeout unless the
+    /// partition heals first.
+    fn partition_start(&mut self, p: u32) {
+        self.active_partitions.push(p);
+        let idle = micros(self.sc.network.idle_timeout_s);
+        let mut cut = Vec::new();
+        for (a, host) in self.hosts.iter().enumerate() {
+            for &b in host.links.range(a as u32 + 1..) {
+                if self.separates(p, host.site, self.hosts[b as usize].site) {
+                    cut.push((a as u32, b));
+                }
+            }
+        }
+        for (a, b) in cut {
+            self.after(idle, Kind::PartitionIdle { a, b, partition: p });
+        }
+    }
+
+    /// Whether partition `p` stops traffic between sites `x` and `y` in either direction (a
+    /// connection needs both: QUIC acknowledges what it receives).
+    fn separates(&self, p: u32, x: u32, y: u32) -> bool {
+        let p = &self.partitions[p as usize];
+        p.sites.contains(&x) != p.sites.contains(&y)
+    }
+
+    /// A connection cut by partition `p` for the idle timeout closes at both ends; the end
+    /// that dialled it dials again, with backoff, until the partition heals.
+    fn partition_idle(&mut self, a: u32, b: u32, p: u32) {
+        if !self.active_partitions.contains(&p) || !self.hosts[a as usize].links.contains(&b) {
+            return;
+        }
+        self.hosts[a as usize].links.remove(&b);
+        self.hosts[b as usize].links.remove(&a);
+        self.t.connections_timed_out += 1;
+        self.feed(a, Input::PeerDisconnected(id_of(b)));
+        self.feed(b, Input::PeerDisconnected(id_of(a)));
+        // Nodes dial gateways; of two gateways, the later one dials.
+        let (dialer, gateway) = match (self.hosts[a as usize].gateway, self.hosts[b as usize].gateway) {
+            (true, false) => (b, a),
+            (false, true) => (a, b),
+            (true, true) => (a.max(b), a.min(b)),
+            (false, false) => return,
+        };
+        self.after(redial_delay(0), Kind::Connect { dialer, gateway, attempt: 0 });
+    }
+
     /// A connection to a killed process timed out, unless the host came back and connected
     /// again meanwhile (the new connection replaced it).
     fn link_timeout(&mut self, peer: u32, of: u32) {
         if self.hosts[peer as usize].running() && !self.hosts[peer as usize].links.contains(&of) {
+            self.t.connections_timed_out += 1;
             self.feed(peer, Input::PeerDisconnected(id_of(of)));
         }
     }

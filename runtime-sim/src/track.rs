@@ -122,6 +122,7 @@ pub(crate) struct Trackers {
     pub clean_exits: u64,
     pub rejected: u64,
     pub nat_dropped: u64,
+    pub connections_timed_out: u64,
     pub bytes: u64,
     pub datagrams: u64,
     pub max_datagram: usize,

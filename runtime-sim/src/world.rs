@@ -220,7 +220,7 @@ impl Sim {
             for g in gateways {
                 let rtt = 2 * self.latency(h, g);
                 if g < h {
-                    self.after(rtt, Kind::Connect { dialer: h, gateway: g });
+                    self.after(rtt, Kind::Connect { dialer: h, gateway: g, attempt: 0 });
                 }
             }
             // A restarted gateway is dialled again by every running node.
@@ -229,12 +229,12 @@ impl Sim {
                 .collect();
             for n in nodes {
                 let rtt = 2 * self.latency(n, h);
-                self.after(rtt + 500_000, Kind::Connect { dialer: n, gateway: h });
+                self.after(rtt + 500_000, Kind::Connect { dialer: n, gateway: h, attempt: 0 });
             }
         } else {
             for g in gateways {
                 let rtt = 2 * self.latency(h, g);
-                self.after(rtt, Kind::Connect { dialer: h, gateway: g });
+                self.after(rtt, Kind::Connect { dialer: h, gateway: g, attempt: 0 });
             }
             let range = self.spin_startup(h).unwrap_or(self.sc.jobs.engine_startup_s);
             let startup = micros(uniform(&mut self.world_rng, range));
