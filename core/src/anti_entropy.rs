@@ -24,6 +24,14 @@
 //!
 //! Both sides hash with the same function ([`sync_hash`]), fixed for a given wire version.
 //!
+//! In Swim mode peers are picked among the living, so after a partition that outlasted the
+//! suspicion timeout each side holds the other DOWN and neither would ever pick the other.
+//! As Serf reconnects to failed members, every [`RECONNECT_INTERVAL`] a node also runs an
+//! exchange with a random member held DOWN that it can reach: if that one is alive, the exchange brings it
+//! its DOWN record and it refutes with a new generation, which the next exchange with it (the
+//! differences make it a follow-up) brings back; it tells this node of its own DOWN record the
+//! same way. From there the sides pick each other again.
+//!
 //! LEFT records are tombstones keyed by (node, generation): each anti-entropy round first ages
 //! them ([`crate::replica::Replica::collect_tombstones`]); half-way through their lifetime they
 //! leave the hashes and entries (nobody advertises them, so they do not come back through an
@@ -57,6 +65,9 @@ pub const BULK_RECORDS: usize = 3;
 pub const FOLLOW_UP_RECORDS: usize = 16;
 /// Exchanges a node answers per second; more are ignored.
 pub const MAX_SERVED_PER_SECOND: u32 = 8;
+/// In Swim mode, how often a node also runs an exchange with a random member it holds DOWN and
+/// can reach, besides its usual one (see the module docs).
+pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Bucket count for a registry of `n` records exchanged in datagrams of `max_datagram` bytes: a
 /// power of two, at most [`BUCKETS`], with about [`RECORDS_PER_BUCKET`] records a bucket, fewer
@@ -75,6 +86,8 @@ pub(crate) struct AntiEntropy {
     /// Start of the current one-second window of answered exchanges, and how many.
     window: Option<Time>,
     served: u32,
+    /// When the next exchange with a member held DOWN is due (Swim mode).
+    next_reconnect: Time,
 }
 
 impl Node {
@@ -90,14 +103,37 @@ impl Node {
     }
 
     /// The anti-entropy timer fired: ages tombstones, then runs an exchange with the follow-up
-    /// peer or a random one.
+    /// peer or a random live one, and in Swim mode, every [`RECONNECT_INTERVAL`], one with a
+    /// member held DOWN.
     pub(crate) fn sync_round(&mut self, interval: Duration, tombstone_ttl: Duration) {
         self.replica.collect_tombstones(self.now, tombstone_ttl);
         let peer = self.sync.follow_up.take().or_else(|| self.pick_peers(1).pop());
         if let Some(peer) = peer {
             self.start_sync(peer);
         }
+        if self.swim.is_some() && self.now >= self.sync.next_reconnect {
+            self.sync.next_reconnect = self.now + RECONNECT_INTERVAL;
+            if let Some(down) = self.down_peer().filter(|d| Some(*d) != peer) {
+                self.start_sync(down);
+            }
+        }
         self.timers.set(Timer::AntiEntropy, self.now + interval);
+    }
+
+    /// A random member held DOWN in its current generation that this node can reach.
+    fn down_peer(&mut self) -> Option<NodeId> {
+        use rand::Rng;
+        let down: Vec<NodeId> = self
+            .replica
+            .down_ids()
+            .iter()
+            .filter(|id| self.replica.get(id).is_some_and(|s| self.reachable(s.record())))
+            .copied()
+            .collect();
+        if down.is_empty() {
+            return None;
+        }
+        Some(down[self.rng.random_range(0..down.len())])
     }
 
     /// Step 2: a peer's bucket hashes; answer those that differ with our entries.

@@ -124,6 +124,9 @@ pub struct Replica {
     /// The nodes whose stored record is LEFT (the local node aside): what
     /// [`Replica::collect_tombstones`] looks at, instead of every slot.
     tombstones: BTreeSet<NodeId>,
+    /// The nodes whose stored record is DOWN (the local node aside): where Swim mode's
+    /// anti-entropy looks for a member to reconnect to, instead of every slot.
+    downs: BTreeSet<NodeId>,
     /// Merges refused by the watermark.
     resurrections_refused: u64,
 }
@@ -193,6 +196,7 @@ impl Replica {
             by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
             deleted: HashMap::with_hasher(FixedState::default()),
             tombstones: BTreeSet::new(),
+            downs: BTreeSet::new(),
             resurrections_refused: 0,
         };
         r.merge(now, Arc::new(local));
@@ -282,7 +286,7 @@ impl Replica {
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
-            self.note_tombstone(id, None, state);
+            self.note_state(id, None, state);
             let routable = self.refresh(self.slots.len() - 1, None);
             return Merged { changed: true, new_node: true, routable };
         };
@@ -328,7 +332,7 @@ impl Replica {
             slot.alive = false;
         }
         let (id, state) = (slot.record.id, slot.record.state);
-        self.note_tombstone(id, Some(previous.state), state);
+        self.note_state(id, Some(previous.state), state);
         let routable = self.refresh(i, Some(&previous));
         Merged { changed: true, new_node: false, routable }
     }
@@ -514,17 +518,25 @@ impl Replica {
         done
     }
 
-    /// Keeps `id` in `tombstones` exactly while its stored record is LEFT, given the stored
-    /// state before and after a merge (the set is touched only when either is LEFT).
-    fn note_tombstone(&mut self, id: NodeId, before: Option<Lifecycle>, after: Lifecycle) {
-        if id == self.local {
+    /// Keeps `id` in `tombstones` exactly while its stored record is LEFT and in `downs` while
+    /// it is DOWN, given the stored state before and after a merge (each set is touched only
+    /// when either state is its own). Only LEFT slots are ever deleted.
+    fn note_state(&mut self, id: NodeId, before: Option<Lifecycle>, after: Lifecycle) {
+        if id == self.local || before == Some(after) {
             return;
         }
-        if after == Lifecycle::Left {
-            self.tombstones.insert(id);
-        } else if before == Some(Lifecycle::Left) {
-            self.tombstones.remove(&id);
+        for (state, set) in [(Lifecycle::Left, &mut self.tombstones), (Lifecycle::Down, &mut self.downs)] {
+            if after == state {
+                set.insert(id);
+            } else if before == Some(state) {
+                set.remove(&id);
+            }
         }
+    }
+
+    /// The nodes whose stored record is DOWN (in their current generation), in id order.
+    pub fn down_ids(&self) -> &BTreeSet<NodeId> {
+        &self.downs
     }
 
     /// The numbers of the slots (positions in [`Replica::slots`]) whose records fall in the given
@@ -791,7 +803,7 @@ mod tests {
         /// model twice, in two formats); the tombstone set is exactly the LEFT records; no
         /// tombstone outlives its lifetime; the slot numbers by bucket and by id stay exact.
         #[test]
-        fn host_lists_tombstones_and_slot_numbers_follow_the_records(
+        fn host_lists_tombstones_down_sets_and_slot_numbers_follow_the_records(
             ops in proptest::collection::vec(
                 (1u64..6, 1u64..3, 0usize..4, 0u64..4, proptest::collection::vec((0usize..3, proptest::bool::ANY), 0..3), 0u64..3),
                 1..60,
@@ -829,6 +841,12 @@ mod tests {
                         .map(|s| s.record().id)
                         .collect();
                     proptest::prop_assert_eq!(&x.tombstones, &left);
+                    let down: BTreeSet<NodeId> = x.slots()[1..]
+                        .iter()
+                        .filter(|s| s.record().state == Lifecycle::Down)
+                        .map(|s| s.record().id)
+                        .collect();
+                    proptest::prop_assert_eq!(&x.downs, &down);
                 }
                 proptest::prop_assert!(w.slots().iter().all(|s| s.record().state != Lifecycle::Left || s.changed_at() + ttl > now));
                 let all: Vec<u16> = (0..BUCKETS as u16).collect();

@@ -34,7 +34,10 @@
 //!   node, whose pulls miss what has already left its peers' queues), and one with every peer
 //!   that connects (a joining node learns the registry this way), each going on with the same
 //!   peer while it finds differences, so that partitions heal and whatever piggybacking missed
-//!   is repaired;
+//!   is repaired; and every [`RECONNECT_INTERVAL`] one more with a random member it holds DOWN
+//!   and can reach (Serf reconnects to failed members likewise): peers are otherwise picked
+//!   among the living, so the sides of a partition that outlasted the suspicion timeout, each
+//!   holding the other DOWN, would never talk again;
 //! - keeps LEFT records as tombstones for `tombstone_ttl`: advertised for the first half, then
 //!   deleted, with a GC watermark that refuses a stale copy ([`crate::anti_entropy`]);
 //! - answers a datagram from a node it holds DOWN in that node's current generation with the
@@ -60,6 +63,7 @@
 //! routing reads load from the gateway's own accounting.
 //!
 //! [`Replica::without_expiry`]: crate::replica::Replica::without_expiry
+//! [`RECONNECT_INTERVAL`]: crate::anti_entropy::RECONNECT_INTERVAL
 //! [`Replica::set_alive`]: crate::replica::Replica::set_alive
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
 
