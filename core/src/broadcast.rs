@@ -16,8 +16,9 @@
 //! - at most `capacity` items are held; when full, the most-sent item makes room (it has had the
 //!   most chances to spread already).
 //!
-//! Every operation is `O(log m)` for `m` queued items: the send order is a [`BTreeSet`] of
-//! `(sends, newest first, key)` and a hash index finds an item by key. The logarithm is computed
+//! Every operation is `O(log m)` for `m` queued items: each item is stored once in a slab, the
+//! send order is a B-tree map from `(sends, newest first)` to slab numbers, and a hash index
+//! from key to slab number finds an item by key. The logarithm is computed
 //! in fixed point, so the limit is the same on every platform and replays bit for bit.
 //!
 //! # How the node drives it

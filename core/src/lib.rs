@@ -57,7 +57,7 @@
 //! [`Config::dissemination`] —
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
-//! and [`harness`] (a multi-node test bench, behind the `harness` feature).
+//! and `harness` (a multi-node test bench, behind the `harness` feature).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

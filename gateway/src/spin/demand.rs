@@ -20,7 +20,7 @@ struct ModelDemand {
     ttfb: VecDeque<(Instant, Duration)>,
 }
 
-/// What [`DemandTracker::snapshot`] reports for one model.
+/// What [`DemandTracker::measure`] reports for one model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Measured {
     /// Requests being served now.

@@ -7,7 +7,7 @@
 //! - [`demand`]: in-flight requests, arrivals and time to first byte per spinnable model.
 //! - [`backend`]: the [`BatchSystem`] a plan's `[spin.backend]` names.
 //!
-//! The **spin task** ([`start`]) decides every `interval`, and at once when a request starts
+//! The **spin task** (`start`) decides every `interval`, and at once when a request starts
 //! waiting: it asks the batch system about its jobs ([`BatchSystem::jobs`]; a job's node comes
 //! from its comment), builds a [`SpinView`] — demand per model, the registry's replicas of
 //! spinnable models with this gateway's in-flight counts, its jobs, the partitions' free nodes —
