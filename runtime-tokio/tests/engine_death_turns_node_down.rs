@@ -11,6 +11,12 @@ use nix::unistd::Pid;
 use std::time::Duration;
 use tela_core::Lifecycle;
 
+/// The `--engine-cmd` that runs `tela engine-sim` on `port`, and its `--backend-url`.
+fn engine_sim_command(port: u16) -> (String, String) {
+    let command = format!("exec '{}' engine-sim --host 127.0.0.1 --port {port} --model launched", tela_bin().display());
+    (command, format!("http://127.0.0.1:{port}"))
+}
+
 #[test]
 fn a_killed_engine_turns_its_node_down_and_restarts_bring_new_generations() {
     run_test(Duration::from_secs(120), async {
@@ -18,9 +24,7 @@ fn a_killed_engine_turns_its_node_down_and_restarts_bring_new_generations() {
         let anchor = anchor().await;
         let join = anchor.local_addr().to_string();
         let port = free_port();
-        let engine_cmd =
-            format!("exec '{}' engine-sim --host 127.0.0.1 --port {port} --model launched", tela_bin().display());
-        let backend = format!("http://127.0.0.1:{port}");
+        let (engine_cmd, backend) = engine_sim_command(port);
         let files = NodeFiles::new(dir.path(), "node");
         let id = files.node_id();
         let args =
@@ -82,9 +86,7 @@ fn a_killed_node_takes_its_launched_engine_with_it() {
         let anchor = anchor().await;
         let join = anchor.local_addr().to_string();
         let port = free_port();
-        let engine_cmd =
-            format!("exec '{}' engine-sim --host 127.0.0.1 --port {port} --model launched", tela_bin().display());
-        let backend = format!("http://127.0.0.1:{port}");
+        let (engine_cmd, backend) = engine_sim_command(port);
         let files = NodeFiles::new(dir.path(), "node");
         let id = files.node_id();
         let args = ["--engine-cmd", engine_cmd.as_str(), "--backend-url", backend.as_str()];
