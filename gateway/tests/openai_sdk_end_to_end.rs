@@ -148,7 +148,7 @@ async fn openai_sdk_against_llama_cpp() {
         let mut config = gateway_config(dir.path());
         tune(&mut config);
         let gateway = Gateway::start(config).await.expect("gateway");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = free_port();
         let engine_cmd = format!(
             "exec '{}' -m llama_cpp.server --model '{}' --model_alias smollm2 --host 127.0.0.1 --port {port} \
              --n_ctx 2048 --verbose false --interrupt_requests false --embedding true \
