@@ -32,11 +32,11 @@
 //! differences make it a follow-up) brings back; it tells this node of its own DOWN record the
 //! same way. From there the sides pick each other again.
 //!
-//! LEFT records are tombstones keyed by (node, generation): each anti-entropy round first ages
-//! them ([`crate::replica::Replica::collect_tombstones`]); half-way through their lifetime they
-//! leave the hashes and entries (nobody advertises them, so they do not come back through an
-//! exchange), at the end they are deleted and their generation joins a GC watermark that
-//! refuses a stale peer's copy.
+//! LEFT records are tombstones keyed by (node, generation), and DOWN records age the same way:
+//! each anti-entropy round first ages them ([`crate::replica::Replica::collect_tombstones`]);
+//! half-way through their lifetime they leave the hashes and entries (nobody advertises them, so
+//! they do not come back through an exchange, and no reconnect goes to them), at the end they
+//! are deleted and their generation joins a GC watermark that refuses a stale peer's copy.
 
 use crate::id::NodeId;
 use crate::node::Node;
@@ -127,7 +127,7 @@ impl Node {
             .replica
             .down_ids()
             .iter()
-            .filter(|id| self.replica.get(id).is_some_and(|s| self.reachable(s.record())))
+            .filter(|id| self.replica.get(id).is_some_and(|s| !s.is_retired() && self.reachable(s.record())))
             .copied()
             .collect();
         if down.is_empty() {

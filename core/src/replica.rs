@@ -460,14 +460,16 @@ impl Replica {
         self.view
     }
 
-    /// Ages LEFT records, which are tombstones keyed by (node, generation): one that has been
-    /// LEFT here for `ttl / 2` is retired — left out of the anti-entropy hashes and entries, so
-    /// nobody advertises it any more — and one LEFT for `ttl` is deleted, its generation kept in
-    /// the GC watermark for another `ttl` so that a stale peer's copy is refused rather than
-    /// merged back. `ttl` must be far longer than the longest partition expected to heal.
+    /// Ages LEFT records, which are tombstones keyed by (node, generation), and DOWN ones alike
+    /// (a node held DOWN that long is gone; Serf reaps failed members the same way): one that
+    /// has been LEFT or DOWN here for `ttl / 2` is retired — left out of the anti-entropy hashes
+    /// and entries, so nobody advertises it any more — and one unchanged for `ttl` is deleted,
+    /// its generation kept in the GC watermark for another `ttl` so that a stale peer's copy is
+    /// refused rather than merged back. `ttl` must be far longer than the longest partition
+    /// expected to heal: a node cut off for longer comes back only in a new generation.
     ///
     /// Only for replicas built [`Replica::without_expiry`]; others are left untouched. Looks only
-    /// at the LEFT records, not at every slot.
+    /// at the LEFT and DOWN records, not at every slot.
     pub fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
         let mut done = Collected::default();
         if self.dead_after.is_some() {
@@ -477,6 +479,7 @@ impl Replica {
         let due: Vec<NodeId> = self
             .tombstones
             .iter()
+            .chain(&self.downs)
             .filter(|id| self.get(id).is_some_and(|slot| slot.changed_at + half <= now))
             .copied()
             .collect();
@@ -496,6 +499,7 @@ impl Replica {
             }
             let generation = slot.record.generation;
             self.tombstones.remove(&id);
+            self.downs.remove(&id);
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
             self.index.remove(&id);
@@ -764,6 +768,14 @@ mod tests {
         // The watermark entry is forgotten after another lifetime.
         assert_eq!(r.collect_tombstones(Time::from_secs(210), ttl).forgotten, 1);
         assert_eq!(r.watermark_len(), 0);
+        // A node held DOWN that long is reaped the same way; its next generation is welcome.
+        r.merge(Time::from_secs(300), rec(2, 1, Lifecycle::Down, 1, &["m"]));
+        assert_eq!(r.down_ids().len(), 1);
+        assert_eq!(r.collect_tombstones(Time::from_secs(350), ttl), Collected { retired: 1, deleted: 0, forgotten: 0 });
+        assert_eq!(r.collect_tombstones(Time::from_secs(400), ttl), Collected { retired: 0, deleted: 1, forgotten: 0 });
+        assert!(r.get(&NodeId::from_u64(2)).is_none() && r.down_ids().is_empty());
+        assert_eq!(r.merge(Time::from_secs(410), rec(2, 1, Lifecycle::Serve, 5, &["m"])), Merged::default());
+        assert!(r.merge(Time::from_secs(420), rec(2, 2, Lifecycle::Serve, 0, &["m"])).new_node);
         // Replicas that judge liveness by heartbeats keep everything.
         let mut pp = replica();
         pp.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 2, &["m"]));
@@ -848,7 +860,10 @@ mod tests {
                         .collect();
                     proptest::prop_assert_eq!(&x.downs, &down);
                 }
-                proptest::prop_assert!(w.slots().iter().all(|s| s.record().state != Lifecycle::Left || s.changed_at() + ttl > now));
+                proptest::prop_assert!(w
+                    .slots()
+                    .iter()
+                    .all(|s| !matches!(s.record().state, Lifecycle::Left | Lifecycle::Down) || s.changed_at() + ttl > now));
                 let all: Vec<u16> = (0..BUCKETS as u16).collect();
                 let numbered: Vec<u32> = (0..w.len() as u32).collect();
                 let mut listed = w.slots_in_buckets(BUCKETS, &all);

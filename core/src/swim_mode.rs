@@ -38,8 +38,9 @@
 //!   and can reach (Serf reconnects to failed members likewise): peers are otherwise picked
 //!   among the living, so the sides of a partition that outlasted the suspicion timeout, each
 //!   holding the other DOWN, would never talk again;
-//! - keeps LEFT records as tombstones for `tombstone_ttl`: advertised for the first half, then
-//!   deleted, with a GC watermark that refuses a stale copy ([`crate::anti_entropy`]);
+//! - keeps LEFT records as tombstones for `tombstone_ttl`, and DOWN records as long (a node
+//!   held DOWN for hours is gone): advertised for the first half, then deleted, with a GC
+//!   watermark that refuses a stale copy ([`crate::anti_entropy`]);
 //! - answers a datagram from a node it holds DOWN in that node's current generation with the
 //!   DOWN record (at most once a second per node), so a node confirmed failed
 //!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
@@ -122,9 +123,9 @@ pub struct SwimSettings {
     /// until its next exchange. Exchanges are cheap when nothing differs (one datagram of
     /// bucket hashes, at most ~550 bytes), so these nodes run them more often.
     pub outbound_anti_entropy_interval: Duration,
-    /// How long a LEFT record is kept: advertised for half of it, then deleted at the end, its
-    /// generation remembered for as long again so that a stale copy is refused. Must be far
-    /// longer than the longest partition expected to heal.
+    /// How long a LEFT or DOWN record is kept: advertised for half of it, then deleted at the
+    /// end, its generation remembered for as long again so that a stale copy is refused. Must be
+    /// far longer than the longest partition expected to heal.
     pub tombstone_ttl: Duration,
 }
 

@@ -7,7 +7,7 @@ use common::*;
 use std::time::Duration;
 use tela_core::harness::Harness;
 use tela_core::wire::{encode_unbounded, Message, Piggyback};
-use tela_core::{Input, Lifecycle, Load, SwimConfig};
+use tela_core::{Input, Lifecycle, Load, NodeId, SwimConfig};
 
 fn swim_public(n: u64) -> tela_core::Config {
     swim(public(n))
@@ -178,6 +178,59 @@ fn tombstones_are_deleted_everywhere_after_their_lifetime_and_stay_deleted() {
     assert!(h.node(id(3)).replica().get(&d).is_none());
     assert_eq!(h.node(id(3)).replica().resurrections_refused(), 1);
     assert!(views_agree(&h));
+}
+
+#[test]
+fn a_node_held_down_for_the_tombstone_lifetime_is_forgotten_everywhere() {
+    let ttl = Duration::from_secs(120);
+    let mut h = federation_of(12, 4, |n| {
+        let mut c = swim_public(n);
+        if let tela_core::Dissemination::Swim(s) = &mut c.dissemination {
+            s.tombstone_ttl = ttl;
+        }
+        c
+    });
+    let d = id(9);
+    h.kill(d);
+    assert!(h.run_until(LONG, |h| agreed_state(h, d).is_some_and(|(_, s)| s == Lifecycle::Down)));
+    h.run_for(ttl / 2);
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_some()), "reaped before its lifetime");
+    h.run_for(ttl / 2 + Duration::from_secs(15));
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_none()), "a DOWN record outlived its lifetime");
+    h.run_for(Duration::from_secs(30));
+    assert!(h.running().all(|x| h.node(x).replica().get(&d).is_none()), "a reaped DOWN record came back");
+    assert!(views_agree(&h));
+}
+
+#[test]
+fn sides_that_confirmed_each_other_down_talk_again_after_the_heal() {
+    // Connections survive the cut (the harness never closes them), as they do in a partition
+    // shorter than the transport's idle timeout. Peers are picked among the living, so it is
+    // the exchanges with members held DOWN that bring the sides back together.
+    for seed in [21u64, 22, 23] {
+        let mut h = federation_of(12, seed, swim_public);
+        let (a, b): (Vec<NodeId>, Vec<NodeId>) = (1..=12).map(id).partition(|x| x.short() <= 6);
+        for &x in &a {
+            for &y in &b {
+                h.cut(x, y);
+            }
+        }
+        let holds_down = |h: &Harness, from: &[NodeId], of: &[NodeId]| {
+            from.iter().all(|&x| {
+                of.iter().all(|y| h.node(x).replica().get(y).is_some_and(|s| s.record().state == Lifecycle::Down))
+            })
+        };
+        let split = h.run_until(Duration::from_secs(120), |h| holds_down(h, &a, &b) && holds_down(h, &b, &a));
+        assert!(split, "seed {seed}: the sides did not confirm each other DOWN");
+        h.heal();
+        let healed = h.run_until(Duration::from_secs(40), |h| {
+            views_agree(h)
+                && h.running().all(|x| {
+                    h.running().all(|y| h.node(x).replica().get(&y).is_some_and(|s| s.record().state < Lifecycle::Down))
+                })
+        });
+        assert!(healed, "seed {seed}: the sides never found each other again after the heal");
+    }
 }
 
 /// Two gateways anchoring `n - 2` outbound-only serving nodes, in Swim mode at 5% loss.
