@@ -524,7 +524,8 @@ impl Replica {
 
     /// Keeps `id` in `tombstones` exactly while its stored record is LEFT and in `downs` while
     /// it is DOWN, given the stored state before and after a merge (each set is touched only
-    /// when either state is its own). Only LEFT slots are ever deleted.
+    /// when either state is its own). [`Replica::collect_tombstones`], which deletes slots,
+    /// takes the deleted ids out of both.
     fn note_state(&mut self, id: NodeId, before: Option<Lifecycle>, after: Lifecycle) {
         if id == self.local || before == Some(after) {
             return;
@@ -812,8 +813,9 @@ mod tests {
     proptest::proptest! {
         /// Whatever merges, sweeps and tombstone collections happen, each model's host list
         /// holds exactly the routable nodes that serve it, each once (also when a record names a
-        /// model twice, in two formats); the tombstone set is exactly the LEFT records; no
-        /// tombstone outlives its lifetime; the slot numbers by bucket and by id stay exact.
+        /// model twice, in two formats); the tombstone and DOWN sets are exactly the LEFT and
+        /// DOWN records; neither kind outlives its lifetime; the slot numbers by bucket and by id
+        /// stay exact.
         #[test]
         fn host_lists_tombstones_down_sets_and_slot_numbers_follow_the_records(
             ops in proptest::collection::vec(
@@ -847,18 +849,11 @@ mod tests {
                 w.merge(now, record);
                 w.collect_tombstones(now, ttl);
                 for x in [&r, &w] {
-                    let left: BTreeSet<NodeId> = x.slots()[1..]
-                        .iter()
-                        .filter(|s| s.record().state == Lifecycle::Left)
-                        .map(|s| s.record().id)
-                        .collect();
-                    proptest::prop_assert_eq!(&x.tombstones, &left);
-                    let down: BTreeSet<NodeId> = x.slots()[1..]
-                        .iter()
-                        .filter(|s| s.record().state == Lifecycle::Down)
-                        .map(|s| s.record().id)
-                        .collect();
-                    proptest::prop_assert_eq!(&x.downs, &down);
+                    let in_state = |state: Lifecycle| -> BTreeSet<NodeId> {
+                        x.slots()[1..].iter().filter(|s| s.record().state == state).map(|s| s.record().id).collect()
+                    };
+                    proptest::prop_assert_eq!(&x.tombstones, &in_state(Lifecycle::Left));
+                    proptest::prop_assert_eq!(&x.downs, &in_state(Lifecycle::Down));
                 }
                 proptest::prop_assert!(w
                     .slots()

@@ -336,10 +336,6 @@ impl Node {
     /// Handles the SWIM messages; push-pull messages go to [`Node::handle_message`].
     pub(crate) fn swim_message(&mut self, from: NodeId, msg: Message) {
         let now = self.now;
-        // Any message renews the lease an anchor holds on an outbound-only member.
-        if let Some(st) = self.swim.as_mut() {
-            st.detector.heard_from(now, from);
-        }
         let (probe, piggyback) = match msg {
             Message::Ping { seq, piggyback } => (Some((0, seq, None)), piggyback),
             Message::PingReq { target, seq, piggyback } => (Some((1, seq, Some(target))), piggyback),
@@ -347,10 +343,14 @@ impl Node {
             Message::Nack { seq, piggyback } => (Some((3, seq, None)), piggyback),
             Message::Gossip(piggyback) => (None, piggyback),
             other => {
+                self.heard_from(from);
                 self.tell_if_down(from);
                 return self.handle_message(from, other);
             }
         };
+        if probe.is_none() {
+            self.heard_from(from);
+        }
         self.tell_if_down(from);
         let mut corrections: Vec<SharedRecord> = Vec::new();
         for item in piggyback {
@@ -375,6 +375,15 @@ impl Node {
             Some((2, seq, _)) => st.detector.on_ack(now, from, seq),
             Some((3, seq, _)) => st.detector.on_nack(now, from, seq),
             _ => {}
+        }
+    }
+
+    /// A message from `from` that the detector's probe inputs do not see (they renew on their
+    /// own): renews the lease an anchor holds on an outbound-only member.
+    fn heard_from(&mut self, from: NodeId) {
+        let now = self.now;
+        if let Some(st) = self.swim.as_mut() {
+            st.detector.heard_from(now, from);
         }
     }
 

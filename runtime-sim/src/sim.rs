@@ -6,7 +6,7 @@
 //! time, and its local deadlines are mapped back onto the global timeline.
 
 use crate::rng::{self, Stream};
-use crate::scenario::Scenario;
+use crate::scenario::{Partition, Scenario};
 use crate::track::Trackers;
 use bytes::Bytes;
 use foldhash::fast::FixedState;
@@ -27,6 +27,12 @@ const CLOCK_BASE: i128 = 10_000_000_000;
 /// 30 s, the runtime's defaults.
 fn redial_delay(attempt: u8) -> Micros {
     500_000u64.saturating_mul(1 << attempt.min(6)).min(30_000_000)
+}
+
+/// True if partition `p` drops traffic from site `a` to site `b` (while it is active).
+fn cuts(p: &Partition, a: u32, b: u32) -> bool {
+    let (in_a, in_b) = (p.sites.contains(&a), p.sites.contains(&b));
+    in_a != in_b && (!p.one_way || in_a)
 }
 
 /// How a process ended, as its peers see it.
@@ -460,11 +466,7 @@ impl Sim {
 
     /// True if an active partition drops traffic from site `a` to site `b`.
     pub(crate) fn blocked(&self, a: u32, b: u32) -> bool {
-        self.active_partitions.iter().any(|&p| {
-            let p = &self.partitions[p as usize];
-            let (in_a, in_b) = (p.sites.contains(&a), p.sites.contains(&b));
-            in_a != in_b && (!p.one_way || in_a)
-        })
+        self.active_partitions.iter().any(|&p| cuts(&self.partitions[p as usize], a, b))
     }
 
     fn send(&mut self, from: u32, to: NodeId, payload: Bytes) {
@@ -596,7 +598,7 @@ impl Sim {
     /// connection needs both: QUIC acknowledges what it receives).
     fn separates(&self, p: u32, x: u32, y: u32) -> bool {
         let p = &self.partitions[p as usize];
-        p.sites.contains(&x) != p.sites.contains(&y)
+        cuts(p, x, y) || cuts(p, y, x)
     }
 
     /// A connection cut by partition `p` for the idle timeout closes at both ends; the end
