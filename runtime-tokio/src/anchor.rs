@@ -69,12 +69,14 @@ impl Anchor {
     /// As [`Anchor::start_with`], with the listening endpoint's settings given whole (e.g.
     /// shorter keep-alive and idle timeouts, so that a gateway notices a node that vanished
     /// without closing its connection sooner). `endpoint`'s identity and join secret are used;
-    /// those of `config` are ignored.
+    /// those of `config` are ignored; its membership protocol is `config`'s.
     pub async fn start_with_endpoint(
         config: AnchorConfig,
-        endpoint: EndpointConfig,
+        mut endpoint: EndpointConfig,
         streams: StreamHandler,
     ) -> Result<Anchor, AnchorError> {
+        // Named at admission, so that a member running another protocol is refused.
+        endpoint.membership = config.membership.to_string();
         let signer = endpoint.identity.signer().clone();
         let endpoint = Endpoint::listen(config.listen, endpoint)?;
         let bound = endpoint.local_addr().unwrap_or(config.listen);

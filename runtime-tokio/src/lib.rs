@@ -49,7 +49,10 @@
 //! let identity = Identity::generate()?;
 //! let mut config = RuntimeConfig::new(Config::with_identity(identity.signer().clone(), tela_runtime::clock::generation_now()));
 //! config.join = vec![anchor.local_addr().to_string()];
-//! let endpoint = Endpoint::dialer(EndpointConfig::new(identity, secret))?;
+//! let mut endpoint = EndpointConfig::new(identity, secret);
+//! // Named at admission: the anchor refuses a node that runs another membership protocol.
+//! endpoint.membership = tela_runtime::membership::Membership::default().to_string();
+//! let endpoint = Endpoint::dialer(endpoint)?;
 //! let node = Runtime::start(config, endpoint, tela_runtime::runtime::refuse_streams());
 //! node.inputs().engine_ready(vec![Model::named("llama")]).await?;
 //!

@@ -15,6 +15,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Largest payload of one control frame; comfortably above `MAX_DATAGRAM`.
 pub(crate) const MAX_PAYLOAD: usize = 4096;
 
+/// Longest membership protocol name a `Hello` or `Welcome` carries.
+pub(crate) const MAX_MEMBERSHIP: usize = 64;
+
 const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
 const REFUSE: u8 = 3;
@@ -25,10 +28,10 @@ const PING: u8 = 6;
 /// One control frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Frame {
-    /// Dialler → acceptor: its protocol version and admission proof.
-    Hello { version: u16, proof: [u8; 32] },
-    /// Acceptor → dialler: admitted; its own version and proof.
-    Welcome { version: u16, proof: [u8; 32] },
+    /// Dialler → acceptor: its protocol version, admission proof and membership protocol.
+    Hello { version: u16, proof: [u8; 32], membership: String },
+    /// Acceptor → dialler: admitted; its own version, proof and membership protocol.
+    Welcome { version: u16, proof: [u8; 32], membership: String },
     /// Acceptor → dialler: not admitted; an encoded [`crate::admission::RefusalReason`].
     Refuse(Bytes),
     /// An unreliable message (TCP and memory transports only).
@@ -53,10 +56,12 @@ pub(crate) enum FrameError {
 impl Frame {
     fn encode(&self) -> (u8, Vec<u8>) {
         match self {
-            Frame::Hello { version, proof } | Frame::Welcome { version, proof } => {
-                let mut p = Vec::with_capacity(34);
+            Frame::Hello { version, proof, membership } | Frame::Welcome { version, proof, membership } => {
+                let membership = truncate_utf8(membership, MAX_MEMBERSHIP);
+                let mut p = Vec::with_capacity(34 + membership.len());
                 p.extend_from_slice(&version.to_be_bytes());
                 p.extend_from_slice(proof);
+                p.extend_from_slice(membership.as_bytes());
                 let kind = if matches!(self, Frame::Hello { .. }) { HELLO } else { WELCOME };
                 (kind, p)
             }
@@ -68,23 +73,31 @@ impl Frame {
     }
 
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Frame, FrameError> {
-        let versioned = |p: &[u8]| -> Result<(u16, [u8; 32]), FrameError> {
-            if p.len() != 34 {
-                return Err(FrameError::Malformed(format!("handshake frame of {} bytes, expected 34", p.len())));
+        // Version 1 frames end after the proof; they decode with no membership named, so that
+        // the version check, not a length error, tells the other side what is wrong.
+        let versioned = |p: &[u8]| -> Result<(u16, [u8; 32], String), FrameError> {
+            if !(34..=34 + MAX_MEMBERSHIP).contains(&p.len()) {
+                return Err(FrameError::Malformed(format!(
+                    "handshake frame of {} bytes, expected 34 to {}",
+                    p.len(),
+                    34 + MAX_MEMBERSHIP
+                )));
             }
             let version = u16::from_be_bytes([p[0], p[1]]);
             let mut proof = [0u8; 32];
-            proof.copy_from_slice(&p[2..]);
-            Ok((version, proof))
+            proof.copy_from_slice(&p[2..34]);
+            let membership = core::str::from_utf8(&p[34..])
+                .map_err(|_| FrameError::Malformed("membership protocol name is not UTF-8".into()))?;
+            Ok((version, proof, membership.to_string()))
         };
         Ok(match kind {
             HELLO => {
-                let (version, proof) = versioned(&payload)?;
-                Frame::Hello { version, proof }
+                let (version, proof, membership) = versioned(&payload)?;
+                Frame::Hello { version, proof, membership }
             }
             WELCOME => {
-                let (version, proof) = versioned(&payload)?;
-                Frame::Welcome { version, proof }
+                let (version, proof, membership) = versioned(&payload)?;
+                Frame::Welcome { version, proof, membership }
             }
             REFUSE => Frame::Refuse(Bytes::from(payload)),
             DATAGRAM => Frame::Datagram(Bytes::from(payload)),
@@ -153,8 +166,9 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip() {
         for f in [
-            Frame::Hello { version: 1, proof: [7; 32] },
-            Frame::Welcome { version: 9, proof: [1; 32] },
+            Frame::Hello { version: 1, proof: [7; 32], membership: String::new() },
+            Frame::Hello { version: 2, proof: [7; 32], membership: "swim".into() },
+            Frame::Welcome { version: 9, proof: [1; 32], membership: "push-pull".into() },
             Frame::Refuse(Bytes::from_static(b"\x01")),
             Frame::Datagram(Bytes::from(vec![3u8; 1100])),
             Frame::Close("bye".into()),
@@ -166,8 +180,15 @@ mod tests {
 
     #[tokio::test]
     async fn malformed_frames_are_errors() {
-        let cases: [&[u8]; 5] = [
+        let mut long_hello = vec![HELLO, 0, 34 + MAX_MEMBERSHIP as u8 + 1];
+        long_hello.resize(3 + 34 + MAX_MEMBERSHIP + 1, b'a');
+        let mut not_utf8 = vec![HELLO, 0, 35];
+        not_utf8.resize(3 + 34, 0);
+        not_utf8.push(0xff);
+        let cases: [&[u8]; 7] = [
             &[HELLO, 0, 3, 1, 2, 3], // short hello
+            &long_hello,             // membership name over its bound
+            &not_utf8,               // membership name not UTF-8
             &[99, 0, 0],             // unknown kind
             &[DATAGRAM, 0xff, 0xff], // over the payload bound
             &[DATAGRAM, 0, 5, 1, 2], // truncated payload

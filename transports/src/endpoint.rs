@@ -29,6 +29,9 @@ pub struct EndpointConfig {
     pub identity: Identity,
     /// The federation's join secret.
     pub join_secret: JoinSecret,
+    /// The federation's membership protocol by name (`push-pull`, `swim`; empty by default):
+    /// admission refuses a peer that names another, telling both sides which each runs.
+    pub membership: String,
     /// How often an idle connection sends a keep-alive (keeps NAT mappings open).
     pub keep_alive: Duration,
     /// How long a connection may hear nothing from the peer before it is closed.
@@ -44,12 +47,13 @@ pub struct EndpointConfig {
 }
 
 impl EndpointConfig {
-    /// Defaults: keep-alive 5 s, idle timeout 30 s, handshake timeout 10 s, QUIC fallback
-    /// after 3 s, listening on both QUIC and TCP.
+    /// Defaults: no membership protocol named, keep-alive 5 s, idle timeout 30 s, handshake
+    /// timeout 10 s, QUIC fallback after 3 s, listening on both QUIC and TCP.
     pub fn new(identity: Identity, join_secret: JoinSecret) -> EndpointConfig {
         EndpointConfig {
             identity,
             join_secret,
+            membership: String::new(),
             keep_alive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
@@ -64,6 +68,7 @@ impl EndpointConfig {
 pub(crate) struct Settings {
     pub identity: Identity,
     pub join_secret: JoinSecret,
+    pub membership: String,
     pub keep_alive: Duration,
     pub idle_timeout: Duration,
     pub handshake_timeout: Duration,
@@ -415,6 +420,7 @@ fn settings(config: EndpointConfig) -> (Settings, Duration) {
         Settings {
             identity: config.identity,
             join_secret: config.join_secret,
+            membership: config.membership,
             keep_alive: config.keep_alive,
             idle_timeout: config.idle_timeout,
             handshake_timeout: config.handshake_timeout,

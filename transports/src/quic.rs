@@ -81,7 +81,13 @@ pub(crate) async fn dial(
         e
     };
     let (peer, exporter) = session_facts(&conn).map_err(|detail| fail(&conn, handshake_error(addr, detail)))?;
-    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
+    let binding = Binding {
+        secret: &settings.join_secret,
+        exporter,
+        own: settings.identity.node_id(),
+        peer,
+        membership: &settings.membership,
+    };
     let admitted = tokio::time::timeout(settings.handshake_timeout, async {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
         admission::dial(&mut send, &mut recv, &binding).await?;
@@ -91,7 +97,9 @@ pub(crate) async fn dial(
     .await;
     match admitted {
         Ok(Ok(())) => Ok(Connection::from_quic(peer, QuicConnection::new(conn))),
-        Ok(Err(DialOutcome::Refused(reason))) => Err(ConnectError::Refused { addr, reason }),
+        // Usually the acceptor has closed the connection already; when it welcomed us with
+        // another membership protocol, we close it.
+        Ok(Err(DialOutcome::Refused(reason))) => Err(fail(&conn, ConnectError::Refused { addr, reason })),
         Ok(Err(DialOutcome::PeerNotAdmitted)) => {
             conn.close(CLOSE_NOT_ADMITTED.into(), b"join secret mismatch");
             Err(ConnectError::PeerNotAdmitted { addr })
@@ -100,7 +108,7 @@ pub(crate) async fn dial(
             // The acceptor closed the connection with its refusal before our read saw the
             // Refuse frame.
             Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == CLOSE_REFUSED.into() => {
-                ConnectError::Refused { addr, reason: RefusalReason::decode(&c.reason) }
+                ConnectError::Refused { addr, reason: RefusalReason::decode(&c.reason, &settings.membership) }
             }
             _ => fail(&conn, handshake_error(addr, detail)),
         }),
@@ -120,7 +128,13 @@ pub(crate) async fn accept(incoming: quinn::Incoming, settings: &Settings) -> Re
         conn.close(CLOSE_NORMAL.into(), detail.as_bytes());
         refusal(None, RefusalReason::Handshake(detail))
     })?;
-    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
+    let binding = Binding {
+        secret: &settings.join_secret,
+        exporter,
+        own: settings.identity.node_id(),
+        peer,
+        membership: &settings.membership,
+    };
     let (mut send, mut recv) = conn
         .accept_bi()
         .await
@@ -179,7 +193,9 @@ fn close_reason_of(e: &quinn::ConnectionError, local: &OnceLock<String>) -> Clos
     use quinn::ConnectionError as E;
     match e {
         E::ApplicationClosed(c) if c.error_code == CLOSE_REFUSED.into() => {
-            CloseReason::Peer { reason: format!("refused: {}", RefusalReason::decode(&c.reason)) }
+            // Refusals end connections during admission, where the dialler reads them with its
+            // own membership protocol (`connect`); here only the acceptor's words matter.
+            CloseReason::Peer { reason: format!("refused: {}", RefusalReason::decode(&c.reason, "")) }
         }
         E::ApplicationClosed(c) => CloseReason::Peer { reason: String::from_utf8_lossy(&c.reason).into_owned() },
         E::LocallyClosed => CloseReason::Local { reason: local.get().cloned().unwrap_or_default() },

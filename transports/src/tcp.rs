@@ -53,7 +53,13 @@ pub(crate) async fn dial(settings: &Settings, addr: SocketAddr) -> Result<Connec
     };
     let (conn, mut control, activation) =
         mux::start(tls, Side::Dialler, Transport::Tcp, Some(nodelay)).await.map_err(handshake)?;
-    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
+    let binding = Binding {
+        secret: &settings.join_secret,
+        exporter,
+        own: settings.identity.node_id(),
+        peer,
+        membership: &settings.membership,
+    };
     match admission::dial(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));
@@ -89,7 +95,13 @@ pub(crate) async fn accept(tcp: TcpStream, remote: SocketAddr, settings: &Settin
     let (conn, mut control, activation) = mux::start(tls, Side::Acceptor, Transport::Tcp, Some(nodelay))
         .await
         .map_err(|detail| refusal(Some(peer), RefusalReason::ProtocolViolation(detail)))?;
-    let binding = Binding { secret: &settings.join_secret, exporter, own: settings.identity.node_id(), peer };
+    let binding = Binding {
+        secret: &settings.join_secret,
+        exporter,
+        own: settings.identity.node_id(),
+        peer,
+        membership: &settings.membership,
+    };
     match admission::accept(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));

@@ -89,7 +89,10 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     config.join = settings.join.clone();
     config.transport = settings.transport;
 
-    let endpoint = Endpoint::dialer(EndpointConfig::new(identity, settings.join_secret.clone()))?;
+    let mut endpoint = EndpointConfig::new(identity, settings.join_secret.clone());
+    // Named at admission: an anchor running another membership protocol refuses this node.
+    endpoint.membership = settings.membership.to_string();
+    let endpoint = Endpoint::dialer(endpoint)?;
     let forward = ForwardConfig { idle_timeout: settings.stream_idle_timeout, ..ForwardConfig::default() };
     let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward));
     tracing::info!(

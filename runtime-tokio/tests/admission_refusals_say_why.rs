@@ -1,0 +1,120 @@
+//! Admission refuses a node that does not belong, and both sides say why: with the wrong join
+//! secret, or running another membership protocol than the federation. The node's log carries
+//! the typed reason and what to do, the anchor (a `tela anchor` process) logs whom it refused
+//! and why, and the node never enters the registry — while a node that belongs joins the same
+//! anchor.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// A `tela anchor` process with `extra` arguments: the process, its address, its control socket.
+fn anchor_process(dir: &Path, extra: &[&str]) -> (Proc, String, std::path::PathBuf) {
+    let anchor_key = dir.join("anchor.key");
+    let anchor_sock = dir.join("anchor.sock");
+    let mut args = vec![
+        "anchor",
+        "--listen",
+        "127.0.0.1:0",
+        "--identity",
+        anchor_key.to_str().expect("utf-8"),
+        "--control",
+        anchor_sock.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    let anchor = Proc::tela("anchor", &args, &[("TELA_JOIN_SECRET", SECRET)]);
+    let line = anchor.wait_line("listening", Duration::from_secs(20));
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .expect("the listening line names the address")
+        .to_string();
+    anchor.wait_line("control socket at", Duration::from_secs(20));
+    (anchor, addr, anchor_sock)
+}
+
+/// Waits until `good` is in the registry behind `control`, checking all along that `bad` never is.
+async fn joins_while_the_other_never_does(control: &Path, good: &tela_core::NodeId, bad: &tela_core::NodeId) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = status_of(control).await;
+        let ids: Vec<String> = status["registry"]
+            .as_array()
+            .expect("registry")
+            .iter()
+            .filter_map(|n| n["id"].as_str().map(String::from))
+            .collect();
+        assert!(!ids.contains(&tela_runtime::status::hex(bad)), "the refused node is in the registry");
+        if ids.contains(&tela_runtime::status::hex(good)) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the member never joined: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn a_node_with_the_wrong_secret_is_refused_and_both_sides_say_why() {
+    run_test(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (anchor, addr, anchor_sock) = anchor_process(dir.path(), &[]);
+
+        let (_engine, url) = engine_sim("engine", "m", &[]);
+        let bad_files = NodeFiles::new(dir.path(), "intruder");
+        let bad_id = bad_files.node_id();
+        let intruder = node("intruder", &bad_files, &addr, "not-the-secret", &["--backend-url", &url]);
+        let good_files = NodeFiles::new(dir.path(), "member");
+        let good_id = good_files.node_id();
+        let _member = node("member", &good_files, &addr, SECRET, &["--backend-url", &url]);
+
+        // The node: a typed refusal that says what to check.
+        let refused = intruder.wait_line("the gateway refused this node", Duration::from_secs(20));
+        assert!(refused.contains("join secret mismatch"), "{refused}");
+        assert!(refused.contains("--join-secret / TELA_JOIN_SECRET"), "{refused}");
+
+        // The anchor: whom it refused, from where, and why.
+        let logged = anchor.wait_line(&format!("refused node {bad_id}"), Duration::from_secs(20));
+        assert!(logged.contains("join secret mismatch"), "{logged}");
+
+        // The right secret joins; the wrong one never appears in the registry.
+        joins_while_the_other_never_does(&anchor_sock, &good_id, &bad_id).await;
+        assert!(
+            !intruder.log_text().contains("connected to"),
+            "the refused node must not count as connected:\n{}",
+            intruder.log_text()
+        );
+    });
+}
+
+#[test]
+fn a_node_running_another_membership_protocol_is_refused_and_both_sides_say_why() {
+    run_test(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (anchor, addr, anchor_sock) = anchor_process(dir.path(), &["--membership", "swim"]);
+
+        let (_engine, url) = engine_sim("engine", "m", &[]);
+        // A node left on the default (push-pull) would ignore the Swim members' probes, be
+        // declared dead, refute, and flap for as long as it stayed connected.
+        let stray_files = NodeFiles::new(dir.path(), "stray");
+        let stray_id = stray_files.node_id();
+        let stray = node("stray", &stray_files, &addr, SECRET, &["--backend-url", &url]);
+        let good_files = NodeFiles::new(dir.path(), "member");
+        let good_id = good_files.node_id();
+        let _member = node("member", &good_files, &addr, SECRET, &["--backend-url", &url, "--membership", "swim"]);
+
+        let refused = stray.wait_line("the gateway refused this node", Duration::from_secs(20));
+        assert!(
+            refused.contains("membership protocol mismatch (this side runs push-pull, the other swim)"),
+            "{refused}"
+        );
+        assert!(refused.contains("--membership"), "{refused}");
+
+        let logged = anchor.wait_line(&format!("refused node {stray_id}"), Duration::from_secs(20));
+        assert!(logged.contains("this side runs swim, the other push-pull"), "{logged}");
+
+        joins_while_the_other_never_does(&anchor_sock, &good_id, &stray_id).await;
+        assert!(!stray.log_text().contains("connected to"), "the refused node must not count as connected");
+    });
+}
