@@ -6,8 +6,9 @@
 //! and one-way partitions, NAT in front of outbound-only nodes, per-node clock offset and drift,
 //! and the 1,100-byte datagram limit enforced on every send. Connections to gateways close at
 //! once when a process exits, but a killed process (`kill -9`, Slurm's kill) closes nothing: its
-//! peers learn of it only at the idle timeout (`network.idle_timeout_s`, 30 s like the
-//! runtime's transports). The world model has Slurm-like jobs
+//! peers keep the connection, and a gateway keeps routing over it (each request fails before
+//! its first byte and is retried elsewhere), until the idle timeout (`network.idle_timeout_s`,
+//! 5 s like `tela gateway`'s node connections). The world model has Slurm-like jobs
 //! (queue waits, walltimes with their drain, preemptions with a grace period, crashes), engines
 //! (start-up time, token rate) and clients whose requests simulated gateways route with the
 //! core's own routing decision.

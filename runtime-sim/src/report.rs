@@ -49,8 +49,15 @@ pub struct Detection {
     /// From a silent kill to every node that routed to it having stopped.
     #[serde(flatten)]
     pub all_nodes: Percentiles,
-    /// From a silent kill to every gateway having stopped routing to it.
+    /// From a silent kill to every gateway having stopped routing to it: its registry marked
+    /// it unroutable or its connection to it timed out, whichever came first.
     pub gateways: Percentiles,
+    /// From a silent kill to every gateway's registry having marked it unroutable: the
+    /// membership protocol's own figure, connections aside.
+    pub gateways_registry: Percentiles,
+    /// Gateways that stopped routing to a victim at their connection's idle timeout, before
+    /// their registry marked it.
+    pub by_connection: u64,
     /// Kills whose detection had not completed after 120 s (or by the end).
     pub incomplete: u64,
     /// Times a node marked a live, serving node unroutable.
@@ -318,6 +325,8 @@ impl Report {
             detection: Detection {
                 all_nodes: Percentiles::of(t.detection_ms.clone()),
                 gateways: Percentiles::of(t.detection_gateway_ms.clone()),
+                gateways_registry: Percentiles::of(t.detection_gateway_registry_ms.clone()),
+                by_connection: t.detection_by_connection,
                 incomplete: t.detection_incomplete,
                 false_unroutable: t.false_unroutable,
                 false_down,
@@ -384,7 +393,7 @@ impl Report {
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
-             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
+             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
              requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
              {drain}\n\
              jobs: {pre} preemptions ({pre_s} scheduled), {pkill} killed after the grace period, {wkill} killed at the walltime, {exits} clean exits\n\
@@ -422,6 +431,8 @@ impl Report {
             d100 = d.all_nodes.p100_ms,
             dn = d.all_nodes.count,
             g100 = d.gateways.p100_ms,
+            byc = d.by_connection,
+            r100 = d.gateways_registry.p100_ms,
             dinc = d.incomplete,
             fu = d.false_unroutable,
             fd = d.false_down,

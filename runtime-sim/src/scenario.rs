@@ -117,7 +117,12 @@ pub struct Network {
     pub nat_timeout_s: f64,
     /// How long a connection hears nothing before it is closed: the peers of a process killed
     /// without closing its connections (`kill -9`, Slurm's kill at the walltime or after a
-    /// preemption's grace) learn of the loss only then. The runtime's default is 30 s.
+    /// preemption's grace) learn of the loss only then, and a partition that lasts this long
+    /// closes the connections it cuts. Every connection here has a gateway at one end, and
+    /// QUIC closes a connection after the smaller of its two ends' idle timeouts: `tela
+    /// gateway`'s is 5 s (`--node-idle-timeout`, with keep-alives every 1.25 s so that a live
+    /// peer is never silent that long), the default. Anchors run as `tela anchor` keep the
+    /// transports' 30 s.
     pub idle_timeout_s: f64,
 }
 
@@ -457,7 +462,7 @@ impl Default for Network {
             duplicate: 0.0,
             reorder: 0.0,
             nat_timeout_s: 30.0,
-            idle_timeout_s: 30.0,
+            idle_timeout_s: 5.0,
         }
     }
 }

@@ -549,8 +549,9 @@ impl Sim {
     }
 
     /// Ends a host's process: in-flight requests fail and its connections drop. A process that
-    /// exits closes them, and its peers know at once; one that is killed does not, and each peer
-    /// learns of the loss only when its side of the connection reaches the idle timeout.
+    /// exits closes them, and its peers know at once; one that is killed does not: each peer
+    /// keeps its side of the connection (a gateway still routes over it, and each request fails
+    /// before its first byte) until it reaches the idle timeout.
     pub(crate) fn stop_process(&mut self, h: u32, how: Stop) {
         let host = &mut self.hosts[h as usize];
         if host.node.take().is_none() {
@@ -567,9 +568,11 @@ impl Sim {
         }
         let idle = micros(self.sc.network.idle_timeout_s);
         for l in links {
-            self.hosts[l as usize].links.remove(&h);
             match how {
-                Stop::Exit => self.feed(l, Input::PeerDisconnected(id_of(h))),
+                Stop::Exit => {
+                    self.hosts[l as usize].links.remove(&h);
+                    self.feed(l, Input::PeerDisconnected(id_of(h)));
+                }
                 Stop::Kill => self.after(idle, Kind::LinkTimeout { peer: l, of: h }),
             }
         }
@@ -612,23 +615,40 @@ impl Sim {
         self.t.connections_timed_out += 1;
         self.feed(a, Input::PeerDisconnected(id_of(b)));
         self.feed(b, Input::PeerDisconnected(id_of(a)));
-        // Nodes dial gateways; of two gateways, the later one dials.
+        self.redial(a, b);
+    }
+
+    /// After `a` lost its connection with `b`, the end that dialled it dials again (nodes dial
+    /// gateways; of two gateways, the later one dials), with the runtime's backoff.
+    fn redial(&mut self, a: u32, b: u32) {
         let (dialer, gateway) = match (self.hosts[a as usize].gateway, self.hosts[b as usize].gateway) {
             (true, false) => (b, a),
             (false, true) => (a, b),
             (true, true) => (a.max(b), a.min(b)),
             (false, false) => return,
         };
-        self.after(redial_delay(0), Kind::Connect { dialer, gateway, attempt: 0 });
+        if self.hosts[dialer as usize].running() {
+            self.after(redial_delay(0), Kind::Connect { dialer, gateway, attempt: 0 });
+        }
     }
 
-    /// A connection to a killed process timed out, unless the host came back and connected
-    /// again meanwhile (the new connection replaced it).
+    /// `peer`'s connection to the killed process `of` reached the idle timeout, unless it is
+    /// gone already (a partition closed it) or `of` came back and connected again meanwhile
+    /// (the new connection replaced it). A gateway stops routing to `of` here, whatever its
+    /// registry says; a node whose gateway was killed dials it again.
     fn link_timeout(&mut self, peer: u32, of: u32) {
-        if self.hosts[peer as usize].running() && !self.hosts[peer as usize].links.contains(&of) {
-            self.t.connections_timed_out += 1;
-            self.feed(peer, Input::PeerDisconnected(id_of(of)));
+        let p = &self.hosts[peer as usize];
+        let replaced = self.hosts[of as usize].running() && self.hosts[of as usize].links.contains(&peer);
+        if !p.running() || !p.links.contains(&of) || replaced {
+            return;
         }
+        self.hosts[peer as usize].links.remove(&of);
+        self.t.connections_timed_out += 1;
+        if self.hosts[peer as usize].gateway {
+            self.t.on_tunnel_lost(peer, of, self.now);
+        }
+        self.feed(peer, Input::PeerDisconnected(id_of(of)));
+        self.redial(peer, of);
     }
 
     /// Builds the hosts and schedules the world (see `world.rs`).

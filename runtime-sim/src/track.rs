@@ -4,6 +4,9 @@
 //!   node that was live at the change holds a version covering it, and the spreading curve.
 //! - Detection: for each silent kill, the time until every node that was routing to the victim
 //!   (and separately, every gateway) stopped; plus marks of live, serving nodes as unroutable.
+//!   A gateway stops when its registry marks the victim unroutable or when its connection to
+//!   the victim times out (it routes only over live connections); the time until every
+//!   gateway's registry alone said so is kept apart, as the membership protocol's own figure.
 //! - Invariants: per-replica lattice monotonicity of a set of watched records, every node's own
 //!   record moving forward, and (in `world.rs` / `sim.rs`) the datagram limit and routing only
 //!   to nodes the gateway believes SERVE.
@@ -66,6 +69,11 @@ struct Detection {
     waiting: Bits,
     remaining: u32,
     gateways_remaining: u32,
+    /// Gateways whose registry still holds the victim routable.
+    registries_waiting: Vec<u32>,
+    /// Everyone stopped routing to the victim (`remaining` reached 0, the time is recorded);
+    /// kept until the gateways' registries follow.
+    routed_around: bool,
 }
 
 /// A finished spreading curve: (ms after the change, nodes holding it) and the target count.
@@ -140,6 +148,11 @@ pub(crate) struct Trackers {
     detections: Vec<Detection>,
     pub detection_ms: Vec<f64>,
     pub detection_gateway_ms: Vec<f64>,
+    /// From a kill until every gateway's registry marked the victim unroutable.
+    pub detection_gateway_registry_ms: Vec<f64>,
+    /// Gateways that stopped routing to a victim because its connection timed out, before
+    /// their registry said so.
+    pub detection_by_connection: u64,
     pub detection_incomplete: u64,
     pub false_unroutable: u64,
     watched: Vec<u32>,
@@ -168,9 +181,9 @@ impl Trackers {
         let before = self.changes.len();
         self.changes.retain(|c| now - c.t0 < TRACK_TIMEOUT);
         self.convergence_incomplete += (before - self.changes.len()) as u64;
-        let before = self.detections.len();
+        let late = self.detections.iter().filter(|d| now - d.t0 >= TRACK_TIMEOUT && !d.routed_around).count();
         self.detections.retain(|d| now - d.t0 < TRACK_TIMEOUT);
-        self.detection_incomplete += (before - self.detections.len()) as u64;
+        self.detection_incomplete += late as u64;
     }
 
     pub fn on_host_started(&mut self, h: u32) {
@@ -196,6 +209,12 @@ impl Trackers {
             if d.waiting.get(h) {
                 d.waiting.set(h, false);
                 d.remaining -= 1;
+            }
+            if let Some(i) = d.registries_waiting.iter().position(|&g| g == h) {
+                d.registries_waiting.swap_remove(i);
+                if d.registries_waiting.is_empty() {
+                    self.detection_gateway_registry_ms.push((now - d.t0) as f64 / 1e3);
+                }
             }
         }
         self.finish_detections(now, None);
@@ -300,6 +319,7 @@ impl Trackers {
         let id = id_of(victim);
         let mut waiting = Bits::new(hosts.len());
         let (mut remaining, mut gateways_remaining) = (0, 0);
+        let mut registries_waiting = Vec::new();
         for (i, host) in hosts.iter().enumerate() {
             let Some(node) = host.node.as_ref() else {
                 continue;
@@ -307,25 +327,60 @@ impl Trackers {
             if i as u32 != victim && node.replica().get(&id).is_some_and(|s| s.is_routable()) {
                 waiting.set(i as u32, true);
                 remaining += 1;
-                gateways_remaining += u32::from(host.gateway);
+                if host.gateway {
+                    gateways_remaining += 1;
+                    registries_waiting.push(i as u32);
+                }
             }
         }
         if remaining > 0 {
-            self.detections.push(Detection { victim, t0: now, waiting, remaining, gateways_remaining });
+            self.detections.push(Detection {
+                victim,
+                t0: now,
+                waiting,
+                remaining,
+                gateways_remaining,
+                registries_waiting,
+                routed_around: false,
+            });
+        }
+    }
+
+    /// Gateway `gateway`'s connection to the killed `victim` timed out: it routes to it no more.
+    pub fn on_tunnel_lost(&mut self, gateway: u32, victim: u32, now: Micros) {
+        if let Some(d) = self.detections.iter_mut().find(|d| d.victim == victim) {
+            if d.waiting.get(gateway) {
+                self.detection_by_connection += 1;
+                Self::stopped_routing(d, gateway, true, now, &mut self.detection_gateway_ms);
+            }
+            self.finish_detections(now, Some(victim));
+        }
+    }
+
+    /// `observer` (a gateway when `gateway`) stopped routing to the victim of `d`.
+    fn stopped_routing(d: &mut Detection, observer: u32, gateway: bool, now: Micros, gateway_ms: &mut Vec<f64>) {
+        if !d.waiting.get(observer) {
+            return;
+        }
+        d.waiting.set(observer, false);
+        d.remaining -= 1;
+        if gateway {
+            d.gateways_remaining -= 1;
+            if d.gateways_remaining == 0 {
+                gateway_ms.push((now - d.t0) as f64 / 1e3);
+            }
         }
     }
 
     /// `observer` stopped routing to `target`.
     pub fn on_unroutable(&mut self, observer: u32, target: u32, now: Micros, hosts: &[Host]) {
         if let Some(d) = self.detections.iter_mut().find(|d| d.victim == target) {
-            if d.waiting.get(observer) {
-                d.waiting.set(observer, false);
-                d.remaining -= 1;
-                if hosts[observer as usize].gateway {
-                    d.gateways_remaining -= 1;
-                    if d.gateways_remaining == 0 {
-                        self.detection_gateway_ms.push((now - d.t0) as f64 / 1e3);
-                    }
+            let gateway = hosts[observer as usize].gateway;
+            Self::stopped_routing(d, observer, gateway, now, &mut self.detection_gateway_ms);
+            if let Some(i) = d.registries_waiting.iter().position(|&g| g == observer) {
+                d.registries_waiting.swap_remove(i);
+                if d.registries_waiting.is_empty() {
+                    self.detection_gateway_registry_ms.push((now - d.t0) as f64 / 1e3);
                 }
             }
             self.finish_detections(now, Some(target));
@@ -340,9 +395,13 @@ impl Trackers {
     fn finish_detections(&mut self, now: Micros, _target: Option<u32>) {
         let mut i = 0;
         while i < self.detections.len() {
-            if self.detections[i].remaining == 0 {
-                let d = self.detections.swap_remove(i);
+            let d = &mut self.detections[i];
+            if d.remaining == 0 && !d.routed_around {
+                d.routed_around = true;
                 self.detection_ms.push((now - d.t0) as f64 / 1e3);
+            }
+            if d.routed_around && d.registries_waiting.is_empty() {
+                self.detections.swap_remove(i);
             } else {
                 i += 1;
             }

@@ -1,12 +1,16 @@
-//! Connections that nothing closes reach the transport's idle timeout (30 s): those of a node
-//! killed silently, and those a partition cuts for that long.
+//! Connections that nothing closes reach the transport's idle timeout: those of a node killed
+//! silently, and those a partition cuts for that long. A gateway's connections time out after
+//! 5 s (`tela gateway --node-idle-timeout`, the simulator's default); anchors run as `tela
+//! anchor` keep the transports' 30 s, which the tests here set where the protocol, not the
+//! connection, must do the work.
 //!
 //! Outbound-only nodes can be probed by nobody but their anchors, so the anchors' leases are
-//! what makes a kill unroutable at every gateway within seconds; a partition that outlasts the
-//! idle timeout closes the connections it cut, and the nodes dial their gateways again (with
-//! the runtime's backoff) until it heals. One that outlasts the suspicion timeout but not the
-//! idle timeout leaves each side holding the other DOWN over connections that never dropped:
-//! the exchanges nodes now and then run with a member held DOWN are what heals that.
+//! what makes a kill unroutable at every gateway within seconds even behind 30 s connections; a
+//! partition that outlasts the idle timeout closes the connections it cut, and the nodes dial
+//! their gateways again (with the runtime's backoff) until it heals. One that outlasts the
+//! suspicion timeout but not the idle timeout leaves each side holding the other DOWN over
+//! connections that never dropped: the exchanges nodes now and then run with a member held DOWN
+//! are what heals that.
 
 use tela_sim::{Limits, Scenario, Sim};
 
@@ -26,6 +30,9 @@ gateways = 2
 outbound_fraction = 1.0
 join_spread_s = 5
 
+[network]
+idle_timeout_s = 30
+
 [jobs]
 crashes = 8
 crash_restart_s = [40, 60]
@@ -35,7 +42,6 @@ dissemination = "swim"
 "#,
     )
     .expect("scenario");
-    assert_eq!(sc.network.idle_timeout_s, 30.0);
     for seed in 1..=3 {
         let r = Sim::new(sc.clone(), seed, false, Limits::default()).run();
         assert!(r.passed(), "{}", r.summary());
@@ -53,7 +59,52 @@ dissemination = "swim"
     }
 }
 
-fn partition_of(seconds: u32) -> Scenario {
+#[test]
+fn a_gateway_stops_routing_to_a_killed_node_at_its_connections_idle_timeout_at_the_latest() {
+    // Registries that take 20 s to hold a silent node dead (push-pull, slow liveness timeout)
+    // behind gateways with their default 5 s idle timeout: the connection's timeout takes a
+    // killed node out of a gateway's routing long before its registry does.
+    let sc = Scenario::parse(
+        r#"
+name = "silent-kills-slow-registries"
+duration_s = 150
+faults_until_s = 120
+liveness_bound_s = 30
+
+[federation]
+nodes = 30
+gateways = 2
+outbound_fraction = 0.3
+join_spread_s = 5
+
+[jobs]
+crashes = 8
+crash_restart_s = [40, 60]
+
+[protocol]
+dead_after_ms = 20000
+"#,
+    )
+    .expect("scenario");
+    assert_eq!(sc.network.idle_timeout_s, 5.0, "the gateway's default");
+    for seed in 1..=3 {
+        let r = Sim::new(sc.clone(), seed, false, Limits::default()).run();
+        assert!(r.passed(), "{}", r.summary());
+        let d = &r.detection;
+        assert!(d.gateways.count >= 5 && d.incomplete == 0, "seed {seed}: {}", r.summary());
+        assert!(
+            d.gateways.p100_ms <= 5_000.0,
+            "seed {seed}: a gateway routed to a killed node for {} ms\n{}",
+            d.gateways.p100_ms,
+            r.summary()
+        );
+        assert!(d.by_connection >= 2 * d.gateways.count as u64, "seed {seed}: {}", r.summary());
+        assert!(d.gateways_registry.p50_ms > 15_000.0, "seed {seed}: {}", r.summary());
+    }
+}
+
+/// Site 2 of four cut off for `seconds` from 20 s, behind connections with `idle_timeout_s`.
+fn partition_of(seconds: u32, idle_timeout_s: u32) -> Scenario {
     Scenario::parse(&format!(
         r#"
 name = "partition-{seconds}s"
@@ -69,6 +120,7 @@ join_spread_s = 5
 
 [network]
 sites = 4
+idle_timeout_s = {idle_timeout_s}
 
 [[partition]]
 start_s = 20
@@ -88,14 +140,18 @@ dissemination = "swim"
 fn a_partition_that_outlasts_the_idle_timeout_closes_the_connections_it_cut_and_they_come_back() {
     for seed in 1..=2 {
         // 20 s: under the idle timeout, every connection survives.
-        let short = Sim::new(partition_of(20), seed, false, Limits::default()).run();
+        let short = Sim::new(partition_of(20, 30), seed, false, Limits::default()).run();
         assert!(short.passed(), "{}", short.summary());
         assert_eq!(short.connections_timed_out, 0, "seed {seed}: {}", short.summary());
         // 60 s: the nodes of site 2 lose their gateways (ten nodes, two gateways each) and
         // dial them again after the heal; every live replica agrees within the bound.
-        let long = Sim::new(partition_of(60), seed, false, Limits::default()).run();
+        let long = Sim::new(partition_of(60, 30), seed, false, Limits::default()).run();
         assert!(long.passed(), "{}", long.summary());
         assert_eq!(long.connections_timed_out, 20, "seed {seed}: {}", long.summary());
+        // Behind gateways' 5 s connections, the same 20 s partition closes them all too.
+        let gateway = Sim::new(partition_of(20, 5), seed, false, Limits::default()).run();
+        assert!(gateway.passed(), "{}", gateway.summary());
+        assert_eq!(gateway.connections_timed_out, 20, "seed {seed}: {}", gateway.summary());
     }
 }
 
@@ -105,7 +161,7 @@ fn sides_that_hold_each_other_down_after_a_partition_still_heal() {
     // while every connection survives; peers are picked among the living, so without the
     // exchanges with members held DOWN the sides never talked again (seed 3 did not heal).
     for seed in 1..=5 {
-        let r = Sim::new(partition_of(25), seed, false, Limits::default()).run();
+        let r = Sim::new(partition_of(25, 30), seed, false, Limits::default()).run();
         assert!(r.passed(), "seed {seed}: {}", r.summary());
         assert_eq!(r.connections_timed_out, 0, "seed {seed}: {}", r.summary());
         assert!(r.detection.false_down > 10, "seed {seed}: the sides never held each other DOWN\n{}", r.summary());
