@@ -581,17 +581,22 @@ impl Node {
     /// of a bulk transfer, old news to everyone but this replica).
     pub(crate) fn absorb_news(&mut self, record: Record, spread: bool) {
         if record.id == self.config.id {
-            if !self.replica.local().dominates(&record) && self.authentic(&record) {
+            let local = self.replica.local();
+            if !local.dominates(&record) && self.authentic(&record, local.same_owner_version(&record)) {
                 self.refute(record.generation);
             }
             return;
         }
-        let known = self.replica.get(&record.id).map(|s| s.record());
-        if known.is_some_and(|k| k.dominates(&record)) || !self.authentic(&record) {
+        // One lookup: most records received are already held (the epidemic sends each many times).
+        let (owner_known, before) = match self.replica.get(&record.id).map(|s| s.record()) {
+            Some(k) if k.dominates(&record) => return,
+            Some(k) => (k.same_owner_version(&record), Some(k.generation)),
+            None => (false, None),
+        };
+        if !self.authentic(&record, owner_known) {
             return;
         }
         let id = record.id;
-        let before = self.replica.get(&id).map(|s| s.record().generation);
         let merged = self.replica.merge(self.now, self.config.interner.record(record));
         if merged.changed {
             self.stats.records_changed += 1;
@@ -609,10 +614,8 @@ impl Node {
 
     /// Checks a record that would change the replica, counting a forgery. The owner's
     /// signature is not checked again when the replica already holds exactly this owner's version
-    /// (a record that only gained a DOWN mark).
-    fn authentic(&mut self, record: &Record) -> bool {
-        let known = self.replica.get(&record.id).map(|s| s.record());
-        let owner_known = known.is_some_and(|k| k.same_owner_version(record));
+    /// (`owner_known`: a record that only gained a DOWN mark).
+    fn authentic(&mut self, record: &Record, owner_known: bool) -> bool {
         let verdict = if owner_known {
             auth::check_marks(record, &self.config.verifier)
         } else {

@@ -430,6 +430,10 @@ impl Node {
     /// know (it was confirmed failed while cut off), its DOWN record makes it refute at once.
     /// Draining nodes know, so each node is told at most once per [`NOTICE_INTERVAL`].
     fn tell_if_down(&mut self, from: NodeId) {
+        // The set of DOWN ids is small (usually empty): no registry lookup per message.
+        if !self.replica.down_ids().contains(&from) {
+            return;
+        }
         let Some(record) = self.replica.get(&from).map(|s| s.record().clone()) else { return };
         if record.state != Lifecycle::Down {
             return;
