@@ -21,6 +21,8 @@ pub enum Stream {
     Swarm = 5,
     /// Model spinning: batch queue waits and preemptions of the spinner's jobs.
     Spin = 6,
+    /// The jitter of redials after a lost or refused connection.
+    Dial = 7,
 }
 
 const NODE_BASE: u64 = 1 << 32;

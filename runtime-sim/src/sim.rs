@@ -23,10 +23,12 @@ pub type Micros = u64;
 /// Added to every local clock so that negative offsets never reach zero.
 const CLOCK_BASE: i128 = 10_000_000_000;
 
-/// The wait before redial `attempt` (0 for the first after a loss): 500 ms doubling up to
-/// 30 s, the runtime's defaults.
-fn redial_delay(attempt: u8) -> Micros {
-    500_000u64.saturating_mul(1 << attempt.min(6)).min(30_000_000)
+/// The wait before redial `attempt` (0 for the first after a loss), as the runtime's backoff
+/// draws it with its defaults: a step of 500 ms doubling up to 10 s, the wait uniform between
+/// half and all of the step.
+fn redial_delay(attempt: u8, rng: &mut ChaCha8Rng) -> Micros {
+    let step = 500_000u64.saturating_mul(1 << attempt.min(5)).min(10_000_000);
+    rng.random_range(step / 2..=step)
 }
 
 /// True if partition `p` drops traffic from site `a` to site `b` (while it is active).
@@ -255,6 +257,7 @@ pub struct Sim {
     pub(crate) fault_rng: ChaCha8Rng,
     pub(crate) work_rng: ChaCha8Rng,
     pub(crate) world_rng: ChaCha8Rng,
+    dial_rng: ChaCha8Rng,
     pub(crate) partitions: Vec<crate::scenario::Partition>,
     pub(crate) active_partitions: Vec<u32>,
     pub(crate) t: Trackers,
@@ -311,6 +314,7 @@ impl Sim {
             fault_rng: rng::stream(seed, Stream::Faults),
             work_rng: rng::stream(seed, Stream::Workload),
             world_rng: rng::stream(seed, Stream::World),
+            dial_rng: rng::stream(seed, Stream::Dial),
             partitions,
             active_partitions: Vec::new(),
             t: Trackers::default(),
@@ -533,13 +537,15 @@ impl Sim {
 
     fn connect(&mut self, dialer: u32, gateway: u32, attempt: u8) {
         let (d, g) = (&self.hosts[dialer as usize], &self.hosts[gateway as usize]);
-        if !d.running() || !g.running() || d.links.contains(&gateway) {
+        if !d.running() || d.links.contains(&gateway) {
             return;
         }
-        if self.blocked(d.site, g.site) || self.blocked(g.site, d.site) {
-            // Handshake cannot complete: try again later, backing off as the runtime does.
+        if !g.running() || self.blocked(d.site, g.site) || self.blocked(g.site, d.site) {
+            // Nothing answers, or the handshake cannot complete: try again later, backing off
+            // as the runtime does (it redials a gateway for as long as its record is not LEFT).
             let next = attempt.saturating_add(1);
-            self.after(redial_delay(next), Kind::Connect { dialer, gateway, attempt: next });
+            let wait = redial_delay(next, &mut self.dial_rng);
+            self.after(wait, Kind::Connect { dialer, gateway, attempt: next });
             return;
         }
         self.hosts[dialer as usize].links.insert(gateway);
@@ -628,7 +634,8 @@ impl Sim {
             (false, false) => return,
         };
         if self.hosts[dialer as usize].running() {
-            self.after(redial_delay(0), Kind::Connect { dialer, gateway, attempt: 0 });
+            let wait = redial_delay(0, &mut self.dial_rng);
+            self.after(wait, Kind::Connect { dialer, gateway, attempt: 0 });
         }
     }
 

@@ -223,14 +223,8 @@ impl Sim {
                     self.after(rtt, Kind::Connect { dialer: h, gateway: g, attempt: 0 });
                 }
             }
-            // A restarted gateway is dialled again by every running node.
-            let nodes: Vec<u32> = (self.sc.federation.gateways..self.hosts.len() as u32)
-                .filter(|&n| self.hosts[n as usize].running())
-                .collect();
-            for n in nodes {
-                let rtt = 2 * self.latency(n, h);
-                self.after(rtt + 500_000, Kind::Connect { dialer: n, gateway: h, attempt: 0 });
-            }
+            // The nodes come back to a restarted gateway by themselves: each redials it with
+            // backoff from the moment its connection timed out.
         } else {
             for g in gateways {
                 let rtt = 2 * self.latency(h, g);

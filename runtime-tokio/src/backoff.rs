@@ -1,4 +1,4 @@
-//! Exponential backoff with full jitter for redials: a federation's nodes that lose their
+//! Exponential backoff with jitter for redials: a federation's nodes that lose their
 //! gateway at the same moment must not all come back at the same moment.
 
 use rand::Rng;
