@@ -6,7 +6,7 @@
 //! incoming connections are handled is described in the `accept` module.
 
 use crate::accept::{accept_loop, Accepted};
-use crate::admission::{JoinSecret, RefusalReason};
+use crate::admission::{Binding, JoinSecret, RefusalReason};
 use crate::connection::{Connection, Transport};
 use crate::identity::Identity;
 use crate::{quic, tcp, tls};
@@ -73,6 +73,20 @@ pub(crate) struct Settings {
     pub idle_timeout: Duration,
     pub handshake_timeout: Duration,
     pub alpn: Vec<u8>,
+}
+
+impl Settings {
+    /// What admission binds its proofs to on a connection to `peer` with TLS exporter
+    /// material `exporter`.
+    pub(crate) fn binding(&self, exporter: [u8; 32], peer: NodeId) -> Binding<'_> {
+        Binding {
+            secret: &self.join_secret,
+            exporter,
+            own: self.identity.node_id(),
+            peer,
+            membership: &self.membership,
+        }
+    }
 }
 
 /// Which transport [`Endpoint::connect`] uses.

@@ -2,7 +2,7 @@
 //! reliable, keep-alives so an outbound-only node behind NAT keeps its mapping.
 
 use crate::accept::Refusal;
-use crate::admission::{self, Binding, DialOutcome, RefusalReason, EXPORTER_LABEL};
+use crate::admission::{self, DialOutcome, RefusalReason, EXPORTER_LABEL};
 use crate::connection::{CloseReason, Connection, ConnectionError, DatagramError, Transport};
 use crate::endpoint::{ConnectError, Settings};
 use crate::tls;
@@ -81,13 +81,7 @@ pub(crate) async fn dial(
         e
     };
     let (peer, exporter) = session_facts(&conn).map_err(|detail| fail(&conn, handshake_error(addr, detail)))?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-        membership: &settings.membership,
-    };
+    let binding = settings.binding(exporter, peer);
     let admitted = tokio::time::timeout(settings.handshake_timeout, async {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
         admission::dial(&mut send, &mut recv, &binding).await?;
@@ -128,13 +122,7 @@ pub(crate) async fn accept(incoming: quinn::Incoming, settings: &Settings) -> Re
         conn.close(CLOSE_NORMAL.into(), detail.as_bytes());
         refusal(None, RefusalReason::Handshake(detail))
     })?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-        membership: &settings.membership,
-    };
+    let binding = settings.binding(exporter, peer);
     let (mut send, mut recv) = conn
         .accept_bi()
         .await

@@ -2,7 +2,7 @@
 //! `TCP_NODELAY`, multiplexed by [`crate::mux`], admitted like QUIC.
 
 use crate::accept::Refusal;
-use crate::admission::{self, Binding, DialOutcome, RefusalReason, EXPORTER_LABEL};
+use crate::admission::{self, DialOutcome, RefusalReason, EXPORTER_LABEL};
 use crate::connection::{Connection, Transport};
 use crate::endpoint::{ConnectError, Settings};
 use crate::mux::{self, Side, Timing};
@@ -53,13 +53,7 @@ pub(crate) async fn dial(settings: &Settings, addr: SocketAddr) -> Result<Connec
     };
     let (conn, mut control, activation) =
         mux::start(tls, Side::Dialler, Transport::Tcp, Some(nodelay)).await.map_err(handshake)?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-        membership: &settings.membership,
-    };
+    let binding = settings.binding(exporter, peer);
     match admission::dial(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));
@@ -95,13 +89,7 @@ pub(crate) async fn accept(tcp: TcpStream, remote: SocketAddr, settings: &Settin
     let (conn, mut control, activation) = mux::start(tls, Side::Acceptor, Transport::Tcp, Some(nodelay))
         .await
         .map_err(|detail| refusal(Some(peer), RefusalReason::ProtocolViolation(detail)))?;
-    let binding = Binding {
-        secret: &settings.join_secret,
-        exporter,
-        own: settings.identity.node_id(),
-        peer,
-        membership: &settings.membership,
-    };
+    let binding = settings.binding(exporter, peer);
     match admission::accept(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
             activation.activate(control, timing(settings));
