@@ -210,11 +210,9 @@ impl Trackers {
                 d.waiting.set(h, false);
                 d.remaining -= 1;
             }
-            if let Some(i) = d.registries_waiting.iter().position(|&g| g == h) {
-                d.registries_waiting.swap_remove(i);
-                if d.registries_waiting.is_empty() {
-                    self.detection_gateway_registry_ms.push((now - d.t0) as f64 / 1e3);
-                }
+            if d.registries_waiting.contains(&h) {
+                // As for the gateways' routing: a gateway that died leaves no figure.
+                d.registries_waiting.clear();
             }
         }
         self.finish_detections(now, None);
