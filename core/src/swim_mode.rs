@@ -435,9 +435,6 @@ impl Node {
             return;
         }
         let Some(record) = self.replica.get(&from).map(|s| s.record().clone()) else { return };
-        if record.state != Lifecycle::Down {
-            return;
-        }
         let now = self.now;
         let Some(st) = self.swim.as_mut() else { return };
         if st.told_down.iter().any(|(id, at)| *id == from && now < *at + NOTICE_INTERVAL) {
