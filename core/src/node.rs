@@ -215,6 +215,9 @@ pub enum Input {
     Load(Load),
 }
 
+/// Outputs a drained queue keeps room for (see [`Node::poll_output`]).
+const OUTPUTS_KEPT: usize = 64;
+
 /// A datagram to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transmit {
@@ -462,9 +465,35 @@ impl Node {
         }
     }
 
+    /// Merges a snapshot of the registry at time `now`: records kept across a restart, or a
+    /// simulator's federation that has already formed. Each record is checked and merged as one
+    /// from an anti-entropy transfer would be (verified, never gossiped on), so a snapshot can
+    /// only ever add what a peer could have told this node.
+    pub fn restore(&mut self, now: Time, records: &[SharedRecord]) {
+        self.now = self.now.max(now);
+        if self.exited {
+            return;
+        }
+        for record in records {
+            if let Some(before) = self.news_in(record) {
+                self.merge_news(record.clone(), before, false);
+            }
+        }
+        if self.swim.is_some() {
+            self.swim_drive();
+        }
+    }
+
     /// The next thing to do; returns [`Output::Timeout`] once nothing else is pending.
     pub fn poll_output(&mut self) -> Output {
-        self.outputs.pop_front().unwrap_or_else(|| Output::Timeout(self.timers.next_deadline()))
+        if let Some(output) = self.outputs.pop_front() {
+            return output;
+        }
+        // A burst (a restored snapshot: two events per record) leaves no large queue behind.
+        if self.outputs.capacity() > OUTPUTS_KEPT {
+            self.outputs.shrink_to(OUTPUTS_KEPT);
+        }
+        Output::Timeout(self.timers.next_deadline())
     }
 
     /// This node's replica of the registry.
@@ -580,24 +609,36 @@ impl Node {
     /// [`Node::absorb`]; with `spread` false, news is merged but not gossiped on (the records
     /// of a bulk transfer, old news to everyone but this replica).
     pub(crate) fn absorb_news(&mut self, record: Record, spread: bool) {
+        if let Some(before) = self.news_in(&record) {
+            let shared = self.config.interner.record(record);
+            self.merge_news(shared, before, spread);
+        }
+    }
+
+    /// Whether `record` is authentic news for this replica: `Some` with the generation held
+    /// before (if any) when it is, `None` when it changes nothing or is forged. Echoes of our own
+    /// record that we do not hold are refuted here.
+    fn news_in(&mut self, record: &Record) -> Option<Option<u64>> {
         if record.id == self.config.id {
             let local = self.replica.local();
-            if !local.dominates(&record) && self.authentic(&record, local.same_owner_version(&record)) {
+            if !local.dominates(record) && self.authentic(record, local.same_owner_version(record)) {
                 self.refute(record.generation);
             }
-            return;
+            return None;
         }
         // One lookup: most records received are already held (the epidemic sends each many times).
         let (owner_known, before) = match self.replica.get(&record.id).map(|s| s.record()) {
-            Some(k) if k.dominates(&record) => return,
-            Some(k) => (k.same_owner_version(&record), Some(k.generation)),
+            Some(k) if k.dominates(record) => return None,
+            Some(k) => (k.same_owner_version(record), Some(k.generation)),
             None => (false, None),
         };
-        if !self.authentic(&record, owner_known) {
-            return;
-        }
+        self.authentic(record, owner_known).then_some(before)
+    }
+
+    /// Merges an authentic record that [`Node::news_in`] found to be news.
+    fn merge_news(&mut self, record: SharedRecord, before: Option<u64>, spread: bool) {
         let id = record.id;
-        let merged = self.replica.merge(self.now, self.config.interner.record(record));
+        let merged = self.replica.merge(self.now, record);
         if merged.changed {
             self.stats.records_changed += 1;
             if self.swim.is_some() {

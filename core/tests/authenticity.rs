@@ -263,6 +263,44 @@ impl Verify for Counting {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// A snapshot (`Node::restore`) is held to the same checks as records from a peer: the node
+    /// ends with the replica and the forgery count that feeding the same records over the wire
+    /// gives, and queues none of them for gossip.
+    #[test]
+    fn a_restored_snapshot_is_checked_like_records_from_a_peer(
+        records in prop::collection::vec((signed(), any::<bool>(), 0u8..11, 0u64..1000), 1..6),
+    ) {
+        let records: Vec<Record> = records
+            .into_iter()
+            .map(|(mut r, altered, kind, amount)| {
+                if altered {
+                    alter(&mut r, kind, amount);
+                }
+                r
+            })
+            .collect();
+        let mut fed = node();
+        for r in &records {
+            feed(&mut fed, vec![r.clone()]);
+        }
+        let shared: Vec<Arc<Record>> = records.into_iter().map(Arc::new).collect();
+        let mut restored = node();
+        restored.restore(Time::from_millis(1), &shared);
+        prop_assert_eq!(snapshot(&restored), snapshot(&fed));
+        prop_assert_eq!(forged(&restored), forged(&fed));
+        let mut c = Config::new(ME, 1);
+        c.dissemination = tela_core::Dissemination::Swim(tela_core::SwimSettings::default());
+        let mut restored = Node::new(c, Time::ZERO);
+        let queued = restored.swim_queued();
+        restored.restore(Time::from_millis(1), &shared);
+        prop_assert_eq!(snapshot(&restored), snapshot(&fed));
+        prop_assert_eq!(restored.swim_queued(), queued, "only the node's own first record is queued");
+    }
+}
+
 #[test]
 fn only_news_is_verified() {
     let counting = Arc::new(Counting::default());
