@@ -60,8 +60,14 @@ pub struct Federation {
     pub models_per_node: u32,
     /// Hardware profiles drawn uniformly per node (`h100x4`, `rtx4090`, ...).
     pub hardware: Vec<String>,
-    /// Serving nodes start uniformly over this many seconds.
+    /// Serving nodes start uniformly over this many seconds (unless `formed`).
     pub join_spread_s: f64,
+    /// The federation has formed before the run starts: at time 0 every node runs with its
+    /// engine serving, and every replica holds every node's record, as after each node's join
+    /// and first anti-entropy exchange (the core's [`tela_core::Node::restore`], which checks
+    /// each record as one from a peer). The run then measures a running federation, its churn
+    /// and faults, rather than every node joining at once.
+    pub formed: bool,
 }
 
 /// Protocol timings handed to every node's `Config`.
@@ -433,6 +439,7 @@ impl Default for Federation {
             models_per_node: 1,
             hardware: vec!["h100x4".into(), "a100-80x2".into(), "l40s".into(), "rtx4090".into()],
             join_spread_s: 5.0,
+            formed: false,
         }
     }
 }

@@ -267,6 +267,11 @@ pub struct Sim {
     pub(crate) aborted: Option<String>,
     pub(crate) limits: Limits,
     started: std::time::Instant,
+    /// Wall seconds spent building the world (a formed federation's restore) before the first
+    /// event.
+    pub(crate) setup_wall_s: f64,
+    /// Wall seconds after `started` at which the next progress line is due.
+    progress_at: f64,
     /// Model spinning, when the scenario has it.
     pub(crate) spin: Option<Box<crate::spin::SpinWorld>>,
     /// Lying nodes, once they have started.
@@ -288,6 +293,9 @@ impl Default for Limits {
         Limits { max_rss_mb: 12_000, max_wall_s: 3_600.0 }
     }
 }
+
+/// A long run says how far it has got on stderr every this many wall seconds.
+const PROGRESS_EVERY_S: f64 = 30.0;
 
 pub(crate) fn micros(s: f64) -> Micros {
     (s * 1e6).max(0.0) as Micros
@@ -324,6 +332,8 @@ impl Sim {
             aborted: None,
             limits,
             started: std::time::Instant::now(),
+            setup_wall_s: 0.0,
+            progress_at: PROGRESS_EVERY_S,
             spin: None,
             liar: None,
         }
@@ -334,6 +344,7 @@ impl Sim {
         self.started = std::time::Instant::now();
         self.t.tracing = std::env::var_os("TELA_SIM_TRACE").is_some();
         self.setup();
+        self.setup_wall_s = self.started.elapsed().as_secs_f64();
         while let Some(ev) = self.queue.pop() {
             if ev.at > self.end {
                 break;
@@ -535,7 +546,7 @@ impl Sim {
         self.feed(to, Input::Datagram { from: id_of(from), payload });
     }
 
-    fn connect(&mut self, dialer: u32, gateway: u32, attempt: u8) {
+    pub(crate) fn connect(&mut self, dialer: u32, gateway: u32, attempt: u8) {
         let (d, g) = (&self.hosts[dialer as usize], &self.hosts[gateway as usize]);
         if !d.running() || d.links.contains(&gateway) {
             return;
@@ -665,6 +676,19 @@ impl Sim {
 
     fn sample(&mut self) {
         self.t.on_second(self.now);
+        let wall = self.started.elapsed().as_secs_f64();
+        if wall >= self.progress_at {
+            self.progress_at = wall + PROGRESS_EVERY_S;
+            eprintln!(
+                "{} seed {}: {:.0} of {:.0} simulated s after {wall:.0} s wall ({} events, {} MB)",
+                self.sc.name,
+                self.seed,
+                self.now as f64 / 1e6,
+                self.sc.duration_s,
+                self.events,
+                crate::report::current_rss_mb()
+            );
+        }
         crate::liar::tick(self);
         if self.t.seconds % 5 == 0 {
             let rss = crate::report::current_rss_mb();

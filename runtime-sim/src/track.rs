@@ -250,6 +250,11 @@ impl Trackers {
         });
     }
 
+    /// Drops the changes being followed, recording nothing: a formed federation's own start.
+    pub fn forget_changes(&mut self) {
+        self.changes.clear();
+    }
+
     /// Checks that a node's own record moves forward, before `on_local_change` records it.
     pub fn check_own(&self, h: u32, generation: u64, state: Lifecycle) -> Result<(), String> {
         match self.own_last.get(h as usize).copied().flatten() {
@@ -384,8 +389,9 @@ impl Trackers {
             self.finish_detections(now, Some(target));
             return;
         }
+        // A node that marks itself unroutable is draining: its own news, not a judgement.
         let t = &hosts[target as usize];
-        if t.running() && t.state == Lifecycle::Serve {
+        if observer != target && t.running() && t.state == Lifecycle::Serve {
             self.false_unroutable += 1;
         }
     }

@@ -10,7 +10,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 use tela_core::{
-    route, Command, Config, Event, Hardware, Input, Lifecycle, Load, Model, Node, Reachability, Role, RouteError,
+    route, Command, Config, Event, Hardware, Input, Lifecycle, Load, Model, Node, Reachability, Record, Role,
+    RouteError, SharedRecord,
 };
 
 /// One client request.
@@ -111,14 +112,16 @@ pub(crate) fn build(sim: &mut Sim) {
     }
     let g = f.gateways;
     let n_hosts = sim.hosts.len() as u32;
-    for h in 0..g {
-        sim.at(0, Kind::Start(h));
+    if !f.formed {
+        for h in 0..g {
+            sim.at(0, Kind::Start(h));
+        }
+        for h in g..n_hosts {
+            let t = micros(sim.world_rng.random_range(0.0..f.join_spread_s.max(1e-3)));
+            sim.at(t, Kind::Start(h));
+        }
     }
-    for h in g..n_hosts {
-        let t = micros(sim.world_rng.random_range(0.0..f.join_spread_s.max(1e-3)));
-        sim.at(t, Kind::Start(h));
-    }
-    sim.t.settle_at = micros(f.join_spread_s + SETTLE_S);
+    sim.t.settle_at = if f.formed { 0 } else { micros(f.join_spread_s + SETTLE_S) };
     let watched: Vec<u32> = (0..g.min(2)).chain(g..n_hosts.min(g + 6)).collect();
     sim.t.watch(&watched);
     schedule_faults(sim, g, n_hosts);
@@ -133,11 +136,23 @@ pub(crate) fn build(sim: &mut Sim) {
     sim.at(1_000_000, Kind::Sample);
     sim.at(micros(sim.sc.faults_until_s), Kind::FaultsEnd);
     sim.spin_build();
+    if f.formed {
+        sim.form(n_hosts);
+    }
+}
+
+/// When the initial nodes have all started: at once in a formed federation.
+fn joined_by_s(f: &crate::scenario::Federation) -> f64 {
+    if f.formed {
+        0.0
+    } else {
+        f.join_spread_s
+    }
 }
 
 fn schedule_faults(sim: &mut Sim, g: u32, n_hosts: u32) {
     let jobs = sim.sc.jobs.clone();
-    let start = sim.sc.federation.join_spread_s + 5.0;
+    let start = joined_by_s(&sim.sc.federation) + 5.0;
     let until = sim.sc.faults_until_s;
     let window = |rng: &mut ChaCha8Rng| micros(if until > start { rng.random_range(start..until) } else { until });
     let serving = n_hosts - g;
@@ -240,6 +255,44 @@ impl Sim {
                 self.at(end, Kind::JobEnd { host: h, job });
             }
         }
+    }
+
+    /// A formed federation (`federation.formed`): hosts `0..hosts` start now with their engines
+    /// serving, every replica restores every node's record, and every node is connected to the
+    /// gateways. Formation is not a change whose spreading is measured: the tracker starts
+    /// afresh once it is done.
+    pub(crate) fn form(&mut self, hosts: u32) {
+        for h in 0..hosts {
+            self.start(h);
+            if !self.hosts[h as usize].gateway {
+                let job = self.hosts[h as usize].job;
+                self.engine_up(h, job);
+            }
+        }
+        let pool = crate::pool::shared_interner();
+        let records: Vec<SharedRecord> = (0..hosts)
+            .filter_map(|h| self.hosts[h as usize].node.as_ref())
+            .map(|node| pool.record(Record::clone(node.local_record())))
+            .collect();
+        let now = self.now;
+        for h in 0..hosts {
+            let host = &mut self.hosts[h as usize];
+            let local = host.local(now);
+            if let Some(node) = host.node.as_mut() {
+                node.restore(local, &records);
+            }
+            self.after_merge(h);
+            self.pump(h);
+        }
+        // Every node holds its connections to the gateways (gateways to those before them),
+        // as after its join; the dials `start` scheduled find them up.
+        let gateways = self.sc.federation.gateways.min(hosts);
+        for h in 0..hosts {
+            for g in (0..gateways).filter(|&g| g < h) {
+                self.connect(h, g, 0);
+            }
+        }
+        self.t.forget_changes();
     }
 
     pub(crate) fn engine_up(&mut self, h: u32, job: u32) {
