@@ -60,7 +60,8 @@ pub struct Detection {
     pub by_connection: u64,
     /// Kills whose detection had not completed after 120 s (or by the end).
     pub incomplete: u64,
-    /// Times a node marked a live, serving node unroutable.
+    /// Times a node marked a live, serving node unroutable (a node marking itself as it drains,
+    /// and nodes an active partition separates, aside).
     pub false_unroutable: u64,
     /// Refutations: nodes that heard themselves declared DOWN while alive (false DOWN marks).
     pub false_down: u64,

@@ -375,8 +375,8 @@ impl Trackers {
         }
     }
 
-    /// `observer` stopped routing to `target`.
-    pub fn on_unroutable(&mut self, observer: u32, target: u32, now: Micros, hosts: &[Host]) {
+    /// `observer` stopped routing to `target`; `cut` when an active partition separates them.
+    pub fn on_unroutable(&mut self, observer: u32, target: u32, cut: bool, now: Micros, hosts: &[Host]) {
         if let Some(d) = self.detections.iter_mut().find(|d| d.victim == target) {
             let gateway = hosts[observer as usize].gateway;
             Self::stopped_routing(d, observer, gateway, now, &mut self.detection_gateway_ms);
@@ -389,9 +389,10 @@ impl Trackers {
             self.finish_detections(now, Some(target));
             return;
         }
-        // A node that marks itself unroutable is draining: its own news, not a judgement.
+        // A node that marks itself unroutable is draining: its own news, not a judgement; one
+        // that a partition cuts off is unreachable, as the observer rightly judges.
         let t = &hosts[target as usize];
-        if observer != target && t.running() && t.state == Lifecycle::Serve {
+        if observer != target && !cut && t.running() && t.state == Lifecycle::Serve {
             self.false_unroutable += 1;
         }
     }

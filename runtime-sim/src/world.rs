@@ -400,7 +400,12 @@ impl Sim {
                     self.t.on_local_change(h, generation, v, self.now, &self.hosts);
                 }
             }
-            Event::Unroutable(id) => self.t.on_unroutable(h, host_of(&id), self.now, &self.hosts),
+            Event::Unroutable(id) => {
+                let target = host_of(&id);
+                let (a, b) = (self.hosts[h as usize].site, self.hosts[target as usize].site);
+                let cut = self.blocked(a, b) || self.blocked(b, a);
+                self.t.on_unroutable(h, target, cut, self.now, &self.hosts);
+            }
             Event::Routable(id) => self.cold_release(h, host_of(&id)),
             Event::Discovered(_) => {}
             Event::Rejected { error, .. } => {
