@@ -11,7 +11,10 @@
 //! 5 s like `tela gateway`'s node connections). The world model has Slurm-like jobs
 //! (queue waits, walltimes with their drain, preemptions with a grace period, crashes), engines
 //! (start-up time, token rate) and clients whose requests simulated gateways route with the
-//! core's own routing decision.
+//! core's own routing decision. A scenario either has its nodes join over its first seconds
+//! or starts with the federation formed (`federation.formed`: every replica restored with
+//! every record through [`tela_core::Node::restore`]), which is how the 10,000-node scenario
+//! measures a running federation.
 //!
 //! Scenarios with a `[spin]` section also drive the core's spin controller
 //! ([`tela_core::Spinner`]): a simulated gateway measures demand per model, requests with no
