@@ -7,7 +7,7 @@ use tela_sim::{Limits, Scenario, Sim};
 
 /// Forty nodes behind two gateways in Swim mode, 40–60 ms apart (a connection and its first
 /// exchange take a few hundred milliseconds), clients from the first millisecond; `federation`
-/// adds keys to that section, `jobs` is the `[jobs]` section's body (no faults when empty).
+/// adds keys to that section, `jobs` is the body of the `[jobs]` section.
 fn scenario(federation: &str, jobs: &str) -> Scenario {
     Scenario::parse(&format!(
         r#"
