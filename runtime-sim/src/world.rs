@@ -259,8 +259,8 @@ impl Sim {
 
     /// A formed federation (`federation.formed`): hosts `0..hosts` start now with their engines
     /// serving, every replica restores every node's record, and every node is connected to the
-    /// gateways. Formation is not a change whose spreading is measured: the tracker starts
-    /// afresh once it is done.
+    /// gateways. Formation is not a change whose spreading is measured: the tracker drops the
+    /// nodes' first states before the replicas restore them.
     pub(crate) fn form(&mut self, hosts: u32) {
         for h in 0..hosts {
             self.start(h);
@@ -269,6 +269,8 @@ impl Sim {
                 self.engine_up(h, job);
             }
         }
+        // The nodes' first states are the formation, not changes whose spreading is measured.
+        self.t.forget_changes();
         let pool = crate::pool::shared_interner();
         let records: Vec<SharedRecord> = (0..hosts)
             .filter_map(|h| self.hosts[h as usize].node.as_ref())
@@ -292,7 +294,6 @@ impl Sim {
                 self.connect(h, g, 0);
             }
         }
-        self.t.forget_changes();
     }
 
     pub(crate) fn engine_up(&mut self, h: u32, job: u32) {

@@ -46,6 +46,8 @@ fn a_formed_federation_serves_from_the_first_request() {
     let r = &formed.requests;
     assert!(r.sent > 5_000, "{}", formed.summary());
     assert_eq!((r.failed, r.no_capacity), (0, 0), "{}", formed.summary());
+    // Nothing changed once formed: the nodes' first states are not counted as changes.
+    assert_eq!(formed.convergence.latency.count, 0, "{}", formed.summary());
     // The same federation joining: the first requests find no node serving yet.
     let joining = Sim::new(scenario("join_spread_s = 5", quiet), 1, false, Limits::default()).run();
     assert!(joining.passed(), "{}", joining.summary());
