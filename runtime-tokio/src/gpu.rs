@@ -8,7 +8,10 @@
 //! saying so and announces the `--hardware-profile` from the core's catalog instead.
 //!
 //! `tela hardware` (or `tela node --print-hardware`) prints the result, so discovery can be
-//! checked on a GPU machine with one command (`.ci/gpu-check.sh`).
+//! checked on a GPU machine with one command (`.ci/gpu-check.sh`). On an NVIDIA H200 (driver
+//! 580.159.04) that script finds `1 x H200, 143771 MiB per GPU`, follows every
+//! `CUDA_VISIBLE_DEVICES` form it tries (index, UUID, UUID prefix, duplicates, empty, MIG,
+//! missing index) as CUDA does, and `tela demo`'s nodes announce `1x H200` in `tela status`.
 
 use nvml_wrapper::Nvml;
 use std::fmt;

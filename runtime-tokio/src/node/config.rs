@@ -266,6 +266,17 @@ impl NodeArgs {
         }
     }
 
+    /// The hardware profile from the flag, `TELA_HARDWARE_PROFILE` or the config file (`cpu`
+    /// when none names one), checked; needs no other setting, so that `--print-hardware`
+    /// works before a job script knows its gateway.
+    pub fn hardware_profile(&self) -> Result<String, NodeConfigError> {
+        let from_file = match (&self.hardware_profile, &self.config) {
+            (None, Some(path)) => read_file(path)?.hardware_profile,
+            _ => None,
+        };
+        profile_or_default(&self.hardware_profile, from_file)
+    }
+
     /// Applies the config file (if any) and defaults, and checks everything.
     pub fn resolve(&self) -> Result<NodeSettings, NodeConfigError> {
         let file = match &self.config {
@@ -293,8 +304,7 @@ impl NodeArgs {
         let backend_url = pick(&self.backend_url, file.backend_url).unwrap_or_else(|| "http://127.0.0.1:8000".into());
         crate::engine::Backend::new(&backend_url)?;
         let engine_cmd = pick(&self.engine_cmd, file.engine_cmd).filter(|c| !c.trim().is_empty());
-        let hardware_profile = pick(&self.hardware_profile, file.hardware_profile).unwrap_or_else(|| "cpu".into());
-        Hardware::from_profile(&hardware_profile)?;
+        let hardware_profile = profile_or_default(&self.hardware_profile, file.hardware_profile)?;
         let models = if self.models.is_empty() { file.models } else { Some(self.models.clone()) };
         if let Some(models) = &models {
             check_models(models)?;
@@ -334,6 +344,13 @@ impl NodeArgs {
 
 fn pick<T: Clone>(flag_or_env: &Option<T>, file: Option<T>) -> Option<T> {
     flag_or_env.clone().or(file)
+}
+
+/// The hardware profile from the flag (or its variable), else the file, else `cpu`; checked.
+fn profile_or_default(flag_or_env: &Option<String>, file: Option<String>) -> Result<String, NodeConfigError> {
+    let profile = pick(flag_or_env, file).unwrap_or_else(|| "cpu".into());
+    Hardware::from_profile(&profile)?;
+    Ok(profile)
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, NodeConfigError> {
@@ -458,6 +475,24 @@ membership = "swim"
         std::fs::write(&file, "joinn = [\"x:1\"]\n").expect("write");
         let e = err(&["--config", file.to_str().expect("utf-8")]);
         assert!(e.contains("joinn"), "the unknown key is named: {e}");
+    }
+
+    #[test]
+    fn the_hardware_profile_needs_no_other_setting() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::env::remove_var("TELA_HARDWARE_PROFILE");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "hardware_profile = \"gh200x4\"\n").expect("write");
+        let path = file.to_str().expect("utf-8");
+        // No join address and no secret: `--print-hardware` still has what it needs.
+        assert_eq!(parse(&[]).hardware_profile().expect("default"), "cpu");
+        assert_eq!(parse(&["--config", path]).hardware_profile().expect("file"), "gh200x4");
+        let flag = parse(&["--config", path, "--hardware-profile", "a100-80x2"]);
+        assert_eq!(flag.hardware_profile().expect("flag"), "a100-80x2", "flag over file");
+        assert!(matches!(flag.resolve(), Err(NodeConfigError::NoJoin)), "the rest still needs a join address");
+        let e = parse(&["--hardware-profile", "tpu"]).hardware_profile().unwrap_err().to_string();
+        assert!(e.contains("gh200"), "a bad profile names the good ones: {e}");
     }
 
     #[test]

@@ -60,12 +60,12 @@ impl NodeArgs {
             println!("{}", identity.node_id().to_hex());
             return Ok(0);
         }
-        let settings = self.resolve()?;
         if self.print_hardware {
-            print!("{}", gpu::discover(&settings.hardware_profile)?);
+            // Likewise: a job script checks what its node would announce before anything else.
+            print!("{}", gpu::discover(&self.hardware_profile()?)?);
             return Ok(0);
         }
-        run_node(settings).await
+        run_node(self.resolve()?).await
     }
 }
 
