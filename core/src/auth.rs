@@ -295,13 +295,30 @@ impl Strict {
     }
 }
 
+impl Strict {
+    /// Checks once that `key` may sign for `id` and decodes it, for any number of signature
+    /// checks after: what a memoizing verifier keeps per signer.
+    pub fn check_key(&self, id: &NodeId, key: &PublicKey) -> CheckedKey {
+        CheckedKey(if self.owns(id, key) { VerifyingKey::from_bytes(key).ok() } else { None })
+    }
+}
+
+/// A public key checked against the id it signs for ([`Strict::check_key`]).
+#[derive(Clone, Debug)]
+pub struct CheckedKey(Option<VerifyingKey>);
+
+impl CheckedKey {
+    /// True if the key owns its id and `signature` is its signature of `message`.
+    pub fn verifies(&self, message: &[u8], signature: &SignatureBytes) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|public| public.verify_strict(message, &Signature::from_bytes(&signature.0)).is_ok())
+    }
+}
+
 impl Verify for Strict {
     fn verify(&self, signer: &NodeId, key: &PublicKey, message: &[u8], signature: &SignatureBytes) -> bool {
-        if !self.owns(signer, key) {
-            return false;
-        }
-        let Ok(public) = VerifyingKey::from_bytes(key) else { return false };
-        public.verify_strict(message, &Signature::from_bytes(&signature.0)).is_ok()
+        self.check_key(signer, key).verifies(message, signature)
     }
 }
 

@@ -636,7 +636,7 @@ impl Node {
     }
 
     /// Merges an authentic record that [`Node::news_in`] found to be news.
-    fn merge_news(&mut self, record: SharedRecord, before: Option<u64>, spread: bool) {
+    pub(crate) fn merge_news(&mut self, record: SharedRecord, before: Option<u64>, spread: bool) {
         let id = record.id;
         let merged = self.replica.merge(self.now, record);
         if merged.changed {

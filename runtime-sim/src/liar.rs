@@ -30,7 +30,7 @@ use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tela_core::auth::{self, PublicKey, SignatureBytes, Strict, Verify};
+use tela_core::auth::{self, CheckedKey, PublicKey, SignatureBytes, Strict, Verify};
 use tela_core::wire::{encode_unbounded, Message};
 use tela_core::{DownMark, Identity, Input, Lifecycle, Model, ModelSet, NodeId, Record, Verifier};
 
@@ -279,6 +279,9 @@ struct Memo {
 struct MemoMaps {
     young: HashMap<Box<[u8]>, bool, FixedState>,
     old: HashMap<Box<[u8]>, bool, FixedState>,
+    /// Each signer's key, checked against its id and decoded once: a miss costs one signature
+    /// check, not also a key derivation and a point decompression.
+    keys: HashMap<(NodeId, PublicKey), CheckedKey, FixedState>,
 }
 
 impl Verify for Memo {
@@ -292,7 +295,9 @@ impl Verify for Memo {
         if let Some(&verdict) = maps.young.get(question.as_slice()).or_else(|| maps.old.get(question.as_slice())) {
             return verdict;
         }
-        let verdict = Strict { test_identities: true }.verify(signer, key, message, signature);
+        let checked =
+            maps.keys.entry((*signer, *key)).or_insert_with(|| Strict { test_identities: true }.check_key(signer, key));
+        let verdict = checked.verifies(message, signature);
         if maps.young.len() >= MEMO_GENERATION {
             maps.old = std::mem::take(&mut maps.young);
         }
