@@ -65,6 +65,10 @@ pub struct Detection {
     pub false_unroutable: u64,
     /// Refutations: nodes that heard themselves declared DOWN while alive (false DOWN marks).
     pub false_down: u64,
+    /// DOWN marks signed: confirmations by a node's own failure detector (rather than by a DOWN
+    /// record heard first), summed over the nodes running at the end. A kill that every node
+    /// confirms on its own costs one signed record per node.
+    pub marks_signed: u64,
 }
 
 /// Client requests.
@@ -292,7 +296,9 @@ impl Report {
         let p = &sim.sc.protocol;
         let serf_ms =
             serf_rounds(nodes as f64, f64::from(p.fanout), sim.sc.network.loss, 0.9999) * p.gossip_interval_ms as f64;
-        let false_down = sim.hosts.iter().filter_map(|h| h.node.as_ref()).map(|n| n.stats().refutations).sum();
+        let running = || sim.hosts.iter().filter_map(|h| h.node.as_ref()).map(|n| n.stats());
+        let false_down = running().map(|s| s.refutations).sum();
+        let marks_signed = running().map(|s| s.confirmed_down).sum();
         let in_flight_end = t.requests.iter().filter(|r| !r.is_done()).count() as u64;
         let unfinished = in_flight_end + sim.spin_waiting();
         let mut violation = sim.violation.clone();
@@ -335,6 +341,7 @@ impl Report {
                 incomplete: t.detection_incomplete,
                 false_unroutable: t.false_unroutable,
                 false_down,
+                marks_signed,
             },
             requests: Requests {
                 sent: t.sent,
@@ -398,7 +405,7 @@ impl Report {
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
-             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}\n\
+             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
              requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
              {drain}\n\
              jobs: {pre} preemptions ({pre_s} scheduled), {pkill} killed after the grace period, {wkill} killed at the walltime, {exits} clean exits\n\
@@ -442,6 +449,7 @@ impl Report {
             dinc = d.incomplete,
             fu = d.false_unroutable,
             fd = d.false_down,
+            dm = d.marks_signed,
             sent = r.sent,
             done = r.completed,
             failed = r.failed,
