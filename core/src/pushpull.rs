@@ -92,14 +92,15 @@ impl Node {
         let mut want = Builder::<NodeId>::new(self.config.max_datagram);
         let mut flips = Vec::new();
         for e in entries {
-            let Some(slot) = self.replica.get(&e.id) else {
+            let Some(i) = self.replica.position(&e.id) else {
                 want.push(&e.id);
                 continue;
             };
+            let slot = &self.replica.slots()[i];
             let r = slot.record();
             let v = &e.version;
             if (r.generation, r.state, slot.stamp()) == (v.generation, v.state, e.stamp) {
-                if v.heartbeat > slot.heartbeat() && e.id != self.config.id {
+                if v.heartbeat > self.replica.heartbeat_at(i) && e.id != self.config.id {
                     let id = e.id;
                     if let Some(f) = self.replica.note_heartbeat(self.now, &id, v.generation, v.heartbeat) {
                         flips.push((id, f));
@@ -129,19 +130,20 @@ impl Node {
     pub(crate) fn send_digest(&mut self, to: NodeId, reply: bool) {
         let limit = self.config.max_datagram;
         let mut b = if reply { Builder::digest_reply(limit) } else { Builder::<DigestEntry>::new(limit) };
-        let entry = |slot: &crate::replica::Slot| {
+        let replica = &self.replica;
+        let entry = |i: usize| {
+            let slot = &replica.slots()[i];
             let r = slot.record();
-            let version = Version { generation: r.generation, state: r.state, heartbeat: slot.heartbeat() };
+            let version = Version { generation: r.generation, state: r.state, heartbeat: replica.heartbeat_at(i) };
             DigestEntry { id: r.id, version, stamp: slot.stamp() }
         };
-        let slots = self.replica.slots();
-        b.push(&entry(&slots[0]));
-        let n = slots.len();
+        b.push(&entry(0));
+        let n = replica.len();
         let mut taken = 0;
         // Slot 0 is the local record, already in.
         while taken + 1 < n {
             let i = 1 + (self.gossip.cursor + taken) % (n - 1);
-            if !b.push(&entry(&slots[i])) {
+            if !b.push(&entry(i)) {
                 break;
             }
             taken += 1;

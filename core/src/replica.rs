@@ -30,11 +30,6 @@ pub struct Slot {
     changed_at: Time,
     alive: bool,
     routable: bool,
-    /// When this slot's entry in the expiry heap falls due; older heap entries are stale.
-    due: Time,
-    /// The highest heartbeat heard for the stored generation (from digests), which may be ahead
-    /// of the stored record's: liveness news travels without whole records.
-    beat: u64,
     /// Hash of the content that is neither version nor load (models, hardware, reach, role).
     stamp: u32,
     /// A LEFT record past half its tombstone lifetime: no longer advertised (left out of the
@@ -56,11 +51,6 @@ impl Slot {
     /// Local time at which the merged record last changed here.
     pub fn changed_at(&self) -> Time {
         self.changed_at
-    }
-
-    /// The highest heartbeat known for the stored generation.
-    pub fn heartbeat(&self) -> u64 {
-        self.beat.max(self.record.heartbeat)
     }
 
     /// Hash of the record's models, hardware, reachability and role.
@@ -100,6 +90,18 @@ pub struct Merged {
     pub routable: Option<bool>,
 }
 
+/// What a replica that judges liveness by heartbeats ([`Replica::new`]) keeps per slot besides
+/// the [`Slot`]; a replica whose failure detector judges liveness keeps none, so that each of
+/// the 10,000 slots every node of a large federation holds stays 32 bytes.
+#[derive(Clone, Copy, Debug)]
+struct Liveness {
+    /// When this slot's entry in the expiry heap falls due; older heap entries are stale.
+    due: Time,
+    /// The highest heartbeat heard for the stored generation (from digests), which may be ahead
+    /// of the stored record's: liveness news travels without whole records.
+    beat: u64,
+}
+
 /// A full replica of the registry.
 #[derive(Clone, Debug)]
 pub struct Replica {
@@ -107,6 +109,8 @@ pub struct Replica {
     /// `None`: liveness is judged elsewhere (a failure detector), and nothing expires here.
     dead_after: Option<Duration>,
     slots: Vec<Slot>,
+    /// Per slot, at the same positions, while `dead_after` is set; empty otherwise.
+    liveness: Vec<Liveness>,
     index: HashMap<NodeId, u32, FixedState>,
     hosts: HashMap<String, Vec<NodeId>, FixedState>,
     view: u64,
@@ -184,10 +188,22 @@ impl Replica {
     /// A replica that holds the local node's own record, judging others dead after `dead_after`
     /// without a heartbeat advance.
     pub fn new(local: Record, now: Time, dead_after: Duration) -> Replica {
+        Replica::judging(local, now, Some(dead_after))
+    }
+
+    /// A replica in which nodes never die of silence: for dissemination modes in which
+    /// heartbeats do not flow and a failure detector marks failed nodes DOWN through the lattice
+    /// instead. Only DOWN and LEFT records make a node unroutable.
+    pub fn without_expiry(local: Record, now: Time) -> Replica {
+        Replica::judging(local, now, None)
+    }
+
+    fn judging(local: Record, now: Time, dead_after: Option<Duration>) -> Replica {
         let mut r = Replica {
             local: local.id,
-            dead_after: Some(dead_after),
+            dead_after,
             slots: Vec::new(),
+            liveness: Vec::new(),
             index: HashMap::with_hasher(FixedState::default()),
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
@@ -203,14 +219,11 @@ impl Replica {
         r
     }
 
-    /// A replica in which nodes never die of silence: for dissemination modes in which
-    /// heartbeats do not flow and a failure detector marks failed nodes DOWN through the lattice
-    /// instead. Only DOWN and LEFT records make a node unroutable.
-    pub fn without_expiry(local: Record, now: Time) -> Replica {
-        let mut r = Replica::new(local, now, Duration::ZERO);
-        r.dead_after = None;
-        r.expiries.clear();
-        r
+    /// The highest heartbeat known for the stored generation of slot `i` (a position in
+    /// [`Replica::slots`]): heard in digests where heartbeats flow, else the stored record's.
+    pub fn heartbeat_at(&self, i: usize) -> u64 {
+        let stored = self.slots[i].record.heartbeat;
+        self.liveness.get(i).map_or(stored, |l| l.beat.max(stored))
     }
 
     /// The local node's id.
@@ -237,6 +250,11 @@ impl Replica {
     /// What is known about `id`.
     pub fn get(&self, id: &NodeId) -> Option<&Slot> {
         self.index.get(id).map(|&i| &self.slots[i as usize])
+    }
+
+    /// The position of `id`'s slot in [`Replica::slots`].
+    pub fn position(&self, id: &NodeId) -> Option<usize> {
+        self.index.get(id).map(|&i| i as usize)
     }
 
     /// All slots in the order nodes were first learned (deterministic for a given input sequence).
@@ -274,11 +292,13 @@ impl Replica {
                 changed_at: now,
                 alive,
                 routable: false,
-                due: Time::NEVER,
-                beat,
                 stamp,
                 retired: false,
             };
+            if self.dead_after.is_some() {
+                crate::reserve_one(&mut self.liveness);
+                self.liveness.push(Liveness { due: Time::NEVER, beat });
+            }
             self.index.insert(id, self.slots.len() as u32);
             self.by_bucket[bucket_of(&id, BUCKETS)].push(self.slots.len() as u32);
             crate::reserve_one(&mut self.slots);
@@ -299,7 +319,7 @@ impl Replica {
         } else {
             Arc::new(old.join(&incoming))
         };
-        let advanced = merged.generation > old.generation || merged.heartbeat > self.slots[i].heartbeat();
+        let advanced = merged.generation > old.generation || merged.heartbeat > self.heartbeat_at(i);
         let new_generation = merged.generation > old.generation;
         if (merged.generation, merged.state, &merged.models) != (old.generation, old.state, &old.models) {
             self.view ^= view_hash(old) ^ view_hash(&merged);
@@ -317,8 +337,11 @@ impl Replica {
         }
         let into = slot.sync_hash();
         self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= out ^ into;
+        let stored = slot.record.heartbeat;
+        if let Some(l) = self.liveness.get_mut(i) {
+            l.beat = if new_generation { stored } else { l.beat.max(stored) };
+        }
         let slot = &mut self.slots[i];
-        slot.beat = if new_generation { slot.record.heartbeat } else { slot.beat.max(slot.record.heartbeat) };
         if advanced {
             slot.last_advanced = now;
             let revived = !slot.alive;
@@ -341,12 +364,16 @@ impl Replica {
     /// of life without the record. Returns the routability flip, if any.
     pub fn note_heartbeat(&mut self, now: Time, id: &NodeId, generation: u64, heartbeat: u64) -> Option<bool> {
         let i = *self.index.get(id)? as usize;
+        let known = self.heartbeat_at(i);
         let slot = &mut self.slots[i];
-        if slot.record.generation != generation || heartbeat <= slot.heartbeat() || slot.record.state == Lifecycle::Left
-        {
+        if slot.record.generation != generation || heartbeat <= known || slot.record.state == Lifecycle::Left {
             return None;
         }
-        slot.beat = heartbeat;
+        // Kept only where heartbeats flow: a replica without expiry keeps no heard heartbeats.
+        if let Some(l) = self.liveness.get_mut(i) {
+            l.beat = heartbeat;
+        }
+        let slot = &mut self.slots[i];
         slot.last_advanced = now;
         if slot.alive || slot.record.id == self.local {
             return None;
@@ -380,17 +407,17 @@ impl Replica {
             }
             self.expiries.pop();
             let i = i as usize;
-            let slot = &self.slots[i];
-            if slot.due != due || !slot.alive {
+            if self.liveness[i].due != due || !self.slots[i].alive {
                 continue; // stale entry
             }
+            let slot = &self.slots[i];
             let Some(dead_after) = self.dead_after else { continue };
             if slot.last_advanced + dead_after > now {
                 self.arm(i); // news arrived since it was armed
                 continue;
             }
             self.slots[i].alive = false;
-            self.slots[i].due = Time::NEVER;
+            self.liveness[i].due = Time::NEVER;
             if let Some(r) = self.refresh(i, None) {
                 flips.push((self.slots[i].record.id, r));
             }
@@ -401,7 +428,7 @@ impl Replica {
     fn arm(&mut self, i: usize) {
         let Some(dead_after) = self.dead_after else { return };
         let due = self.slots[i].last_advanced + dead_after;
-        self.slots[i].due = due;
+        self.liveness[i].due = due;
         self.expiries.push(Reverse((due, i as u32)));
     }
 
@@ -641,6 +668,14 @@ mod tests {
         // DOWN removes the host at once.
         assert_eq!(r.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 1, &["llama"])).routable, Some(false));
         assert_eq!(r.serving("llama"), &[NodeId::from_u64(3)]);
+    }
+
+    #[test]
+    fn a_slot_stays_32_bytes() {
+        // Every node of a 10,000-node federation holds 10,000 of them.
+        assert!(core::mem::size_of::<Slot>() <= 32, "{} bytes", core::mem::size_of::<Slot>());
+        let r = Replica::without_expiry((*rec(1, 1, Lifecycle::Serve, 0, &["m"])).clone(), Time::ZERO);
+        assert!(r.liveness.is_empty(), "a replica without expiry keeps no per-slot liveness");
     }
 
     #[test]
