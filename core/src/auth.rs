@@ -293,9 +293,7 @@ impl Strict {
         }
         node_id_of(key) == *id
     }
-}
 
-impl Strict {
     /// Checks once that `key` may sign for `id` and decodes it, for any number of signature
     /// checks after: what a memoizing verifier keeps per signer.
     pub fn check_key(&self, id: &NodeId, key: &PublicKey) -> CheckedKey {

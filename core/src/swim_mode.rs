@@ -593,9 +593,8 @@ impl Node {
             return;
         }
         // A mark this node has just signed, on the version its replica holds, is news by
-        // construction and needs no check: verifying our own signature cost a partition's
-        // every confirmation a signature check (and, on one side of a 10k partition, 11
-        // million of them).
+        // construction and needs no check. Checking it cost a signature verification per
+        // confirmation, and a partition makes confirmations by the hundred thousand.
         let shared = self.config.interner.record(down);
         self.merge_news(shared, Some(record.generation), true);
     }
