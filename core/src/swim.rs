@@ -179,11 +179,24 @@ enum Standing {
     Confirmed,
 }
 
+/// What the detector knows of one member. The incarnation is kept as bytes so that an entry
+/// has no alignment padding: 26 bytes with its 16-byte key instead of 32, in a table that
+/// every node holds for every member.
 #[derive(Clone, Debug)]
 struct Member {
-    incarnation: u64,
+    incarnation: [u8; 8],
     probeable: bool,
     standing: Standing,
+}
+
+impl Member {
+    fn incarnation(&self) -> u64 {
+        u64::from_le_bytes(self.incarnation)
+    }
+
+    fn set_incarnation(&mut self, incarnation: u64) {
+        self.incarnation = incarnation.to_le_bytes();
+    }
 }
 
 /// The probe of the current period.
@@ -288,7 +301,7 @@ impl Swim {
             self.set_probeable(id, probeable);
             return false;
         }
-        let member = Member { incarnation, probeable: false, standing: Standing::Alive };
+        let member = Member { incarnation: incarnation.to_le_bytes(), probeable: false, standing: Standing::Alive };
         self.members.insert(id, member);
         self.set_probeable(id, probeable);
         true
@@ -456,10 +469,10 @@ impl Swim {
     pub fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
         self.advance(now);
         let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if m.standing == Standing::Confirmed || incarnation <= m.incarnation {
+        if m.standing == Standing::Confirmed || incarnation <= m.incarnation() {
             return Rumor::Drop;
         }
-        m.incarnation = incarnation;
+        m.set_incarnation(incarnation);
         if m.standing == Standing::Suspect {
             m.standing = Standing::Alive;
             self.lift_suspicion(id);
@@ -569,7 +582,7 @@ impl Swim {
 
     /// The incarnation known for member `id`.
     pub fn member_incarnation(&self, id: &NodeId) -> Option<u64> {
-        self.members.get(id).map(|m| m.incarnation)
+        self.members.get(id).map(Member::incarnation)
     }
 
     /// The period and probe timeout at the current local health.
@@ -739,7 +752,7 @@ impl Swim {
     }
 
     fn suspect_locally(&mut self, id: NodeId) {
-        let Some(incarnation) = self.members.get(&id).map(|m| m.incarnation) else { return };
+        let Some(incarnation) = self.members.get(&id).map(Member::incarnation) else { return };
         if self.raise_suspicion(id, incarnation, self.local) == Rumor::Spread {
             self.actions.push_back(Action::GossipSuspect { id, incarnation });
         }
@@ -753,7 +766,7 @@ impl Swim {
         let k = self.config.suspicion_confirmations;
         let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
         let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if incarnation < m.incarnation {
+        if incarnation < m.incarnation() {
             return Rumor::Drop;
         }
         match self.vouchers.get(&id) {
@@ -764,7 +777,7 @@ impl Swim {
             Some(_) => return Rumor::Drop,
             None => {}
         }
-        m.incarnation = incarnation;
+        m.set_incarnation(incarnation);
         match m.standing {
             Standing::Confirmed => Rumor::Drop,
             Standing::Suspect => {
@@ -1017,6 +1030,15 @@ mod tests {
             step(&mut s);
         }
         assert_eq!(s.health(), config().max_health);
+    }
+
+    #[test]
+    fn a_member_entry_has_no_padding() {
+        // Every node of a 10,000-node federation holds 10,000 of them.
+        assert_eq!(core::mem::size_of::<(NodeId, Member)>(), 26);
+        let mut m = Member { incarnation: [0; 8], probeable: true, standing: Standing::Alive };
+        m.set_incarnation(u64::MAX - 1);
+        assert_eq!(m.incarnation(), u64::MAX - 1, "every incarnation round-trips");
     }
 
     #[test]
