@@ -39,8 +39,11 @@ nvidia-smi nvlink --status 2>/dev/null | head -20 || true
 echo "=== nvidia-smi topo -m"
 nvidia-smi topo -m 2>/dev/null || true
 
-kind=$(printf '%s' "$json" | sed -n 's/.*"kind":"\([a-z]*\)".*/\1/p')
-count=$(printf '%s' "$json" | sed -n 's/.*"gpu_count":\([0-9]*\).*/\1/p')
+# `tela hardware --json` on stdin -> "<kind> <gpu_count>" (kind: nvml or profile).
+kind_count() {
+  sed -n 's/.*"gpu_count":\([0-9]*\).*"kind":"\([a-z]*\)".*/\2 \1/p'
+}
+read -r kind count <<<"$(printf '%s' "$json" | kind_count)"
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
   expected=$(nvidia-smi -L | wc -l)
   echo "=== CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: not comparing the count with nvidia-smi ($expected GPUs present)"
@@ -63,8 +66,7 @@ fi
 
 # What discovery announces under CUDA_VISIBLE_DEVICES=$1: "<kind> <gpu_count>".
 announced() {
-  CUDA_VISIBLE_DEVICES="$1" "$TELA_BIN" hardware --json --hardware-profile cpu 2>/dev/null |
-    sed -n 's/.*"gpu_count":\([0-9]*\).*"kind":"\([a-z]*\)".*/\2 \1/p'
+  CUDA_VISIBLE_DEVICES="$1" "$TELA_BIN" hardware --json --hardware-profile cpu 2>/dev/null | kind_count
 }
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | tr -d ' ')
 failed=0

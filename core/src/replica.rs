@@ -249,7 +249,7 @@ impl Replica {
 
     /// What is known about `id`.
     pub fn get(&self, id: &NodeId) -> Option<&Slot> {
-        self.index.get(id).map(|&i| &self.slots[i as usize])
+        self.position(id).map(|i| &self.slots[i])
     }
 
     /// The position of `id`'s slot in [`Replica::slots`].

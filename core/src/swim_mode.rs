@@ -587,11 +587,9 @@ impl Node {
             return;
         }
         self.stats.confirmed_down += 1;
+        // The detector has no member for the local node, so never confirms it.
+        debug_assert_ne!(id, self.config.id, "the detector confirmed the local node");
         let down = record.with_down_mark(self.config.identity.mark_down(&record));
-        if id == self.config.id {
-            self.absorb(down);
-            return;
-        }
         // A mark this node has just signed, on the version its replica holds, is news by
         // construction and needs no check. Checking it cost a signature verification per
         // confirmation, and a partition makes confirmations by the hundred thousand.
