@@ -28,14 +28,16 @@
 //!    probed indirectly) and every time it must refute a suspicion about itself, and falls with
 //!    every successful probe; the probe period and the probe timeout are stretched by `LHM + 1`.
 //!
-//! Members that are outbound-only cannot be pinged and are never probed (`probeable = false`);
-//! their anchors vouch for them ([`Swim::set_voucher`]), which suppresses suspicion while the
-//! voucher holds its connection to them. An anchor that loses that connection reports it with
-//! [`Swim::suspect`]. A process killed without closing its connections is only noticed by the
+//! Members that are outbound-only cannot be pinged by most nodes and are not probed by them
+//! (`probeable = false`); their anchors vouch for them ([`Swim::set_voucher`]), which
+//! suppresses suspicion while the voucher holds its connection to them. An anchor that loses
+//! that connection reports it with [`Swim::suspect`]. A process killed without closing its connections is only noticed by the
 //! transport's idle timeout (30 s), so the anchor also holds a *lease* on each member it vouches
 //! for: any message from the member renews it ([`Swim::heard_from`]), a third of
 //! [`SwimConfig::vouch_lease`] in silence brings a ping, and a whole lease in silence a
-//! suspicion, as a failed probe would.
+//! suspicion, as a failed probe would. The anchor still probes such a member in its turn, for
+//! the updates the pings carry, but does not suspect it when the probe fails: few helpers can
+//! reach it, so one lost datagram would be a suspicion, where the lease's pings ride it out.
 //!
 //! # Incarnations
 //!
@@ -744,6 +746,11 @@ impl Swim {
     }
 
     fn probe_failed(&mut self, p: Probe) {
+        if self.leases.contains_key(&p.target) {
+            // Probed for the updates its pings carry, judged by the lease: one lost datagram
+            // is no failure while the lease's pings (several before it runs out) go on.
+            return;
+        }
         // Lifeguard: with helpers, every nack we did not get is a sign that our own links or our
         // own processing are slow; without helpers, only the failed probe itself counts.
         let missed = if p.vias.is_empty() { 1 } else { p.vias.len().saturating_sub(p.nacks.len()) };

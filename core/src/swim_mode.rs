@@ -57,8 +57,10 @@
 //! them ([`Swim::set_voucher`]): suspicions of them from anyone else are dropped while a
 //! voucher holds the connection. A voucher that loses the connection raises the suspicion
 //! itself, and so does one that hears nothing from the node for a lease (3 s; every message from
-//! it counts, and a silent one is pinged first): a killed process's connection would otherwise
-//! linger until the transport's idle timeout.
+//! it counts, and a silent one is pinged every half second from a third of the lease on): a
+//! killed process's connection would otherwise linger until the transport's idle timeout. A
+//! voucher's probe of such a node carries updates to it but judges nothing: few helpers can
+//! reach it, and one lost datagram would be a suspicion.
 //!
 //! The load summary in records is not refreshed in this mode (it would have to be flooded);
 //! routing reads load from the gateway's own accounting.

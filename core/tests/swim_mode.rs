@@ -307,6 +307,36 @@ fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
 }
 
 #[test]
+fn anchors_do_not_suspect_an_outbound_only_node_silent_for_less_than_a_lease() {
+    // No helper can reach an outbound-only node, so a probe of it that lost a datagram would
+    // turn into a suspicion at once. Its anchors watch it by their leases instead (pinging it
+    // every half second once it has been quiet for one, suspecting it after 3 s of silence):
+    // cut off from both for less than that, it is never suspected; for longer, it is.
+    let member = id(3);
+    let anchors = [id(1), id(2)];
+    let suspected = |h: &Harness| anchors.iter().any(|a| h.node(*a).swim().is_some_and(|s| s.is_suspect(&member)));
+    for seed in 1..=5u64 {
+        let mut h = anchored(3, seed);
+        h.set_loss(0.0);
+        assert!(h.run_until(LONG, views_agree), "seed {seed}: views differ");
+        h.run_for(Duration::from_secs(10));
+        for a in anchors {
+            h.cut(a, member);
+        }
+        assert!(!h.run_until(Duration::from_millis(1800), suspected), "seed {seed}: suspected within 1.8 s");
+        h.heal();
+        assert!(!h.run_until(Duration::from_secs(10), suspected), "seed {seed}: suspected after the heal");
+        for a in anchors {
+            h.cut(a, member);
+        }
+        assert!(h.run_until(Duration::from_secs(5), suspected), "seed {seed}: not suspected in 5 s of silence");
+        h.heal();
+        h.run_for(Duration::from_secs(20));
+        assert!(h.running().all(|x| h.node(x).stats().confirmed_down == 0), "seed {seed}: confirmed dead");
+    }
+}
+
+#[test]
 fn an_idle_federation_costs_only_its_probes() {
     const N: u64 = 20;
     let mut h = federation_of(N, 8, swim_public);
