@@ -31,13 +31,14 @@
 //! Members that are outbound-only cannot be pinged by most nodes and are not probed by them
 //! (`probeable = false`); their anchors vouch for them ([`Swim::set_voucher`]), which
 //! suppresses suspicion while the voucher holds its connection to them. An anchor that loses
-//! that connection reports it with [`Swim::suspect`]. A process killed without closing its connections is only noticed by the
-//! transport's idle timeout (30 s), so the anchor also holds a *lease* on each member it vouches
-//! for: any message from the member renews it ([`Swim::heard_from`]), a third of
-//! [`SwimConfig::vouch_lease`] in silence brings a ping, and a whole lease in silence a
-//! suspicion, as a failed probe would. The anchor still probes such a member in its turn, for
-//! the updates the pings carry, but does not suspect it when the probe fails: few helpers can
-//! reach it, so one lost datagram would be a suspicion, where the lease's pings ride it out.
+//! that connection reports it with [`Swim::suspect`]. A process killed without closing its
+//! connections is only noticed by the transport's idle timeout (30 s), so the anchor also holds
+//! a *lease* on each member it vouches for: any message from the member renews it
+//! ([`Swim::heard_from`]), a third of [`SwimConfig::vouch_lease`] in silence brings a ping, and
+//! a whole lease in silence a suspicion, as a failed probe would. The anchor still probes such
+//! a member in its turn, for the updates the pings carry, but does not suspect it when the probe
+//! fails: few helpers can reach it, so one lost datagram would be a suspicion, where the
+//! lease's pings ride it out.
 //!
 //! # Incarnations
 //!

@@ -308,7 +308,7 @@ fn outbound_only_nodes_are_vouched_for_and_a_lost_connection_is_suspected() {
 
 #[test]
 fn anchors_do_not_suspect_an_outbound_only_node_silent_for_less_than_a_lease() {
-    // No helper can reach an outbound-only node, so a probe of it that lost a datagram would
+    // Few helpers can reach an outbound-only node, so a probe of it that lost a datagram would
     // turn into a suspicion at once. Its anchors watch it by their leases instead (pinging it
     // every half second once it has been quiet for one, suspecting it after 3 s of silence):
     // cut off from both for less than that, it is never suspected; for longer, it is.
