@@ -12,7 +12,8 @@ use tela_runtime::Membership;
 
 #[test]
 fn a_swim_federation_forms_and_detects_a_killed_node() {
-    run_test(Duration::from_secs(120), async {
+    // Above the sum of the steps' own limits (140 s), so that a slow step fails with its name.
+    run_test(Duration::from_secs(180), async {
         let dir = tempfile::tempdir().expect("tempdir");
         let anchor = anchor_with(Membership::Swim).await;
         let (procs, nodes) = three_nodes(&anchor, dir.path(), &["--membership", "swim"]);
