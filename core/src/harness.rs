@@ -19,7 +19,7 @@
 //! h.connect(NodeId::from_u64(1), NodeId::from_u64(3));
 //! h.input(NodeId::from_u64(3), Input::EngineReady { models: vec![Model::named("m")] });
 //! h.run_for(Duration::from_secs(5));
-//! assert!(h.running().all(|n| h.node(n).replica().serving("m") == [NodeId::from_u64(3)]));
+//! assert!(h.running().all(|n| h.node(n).replica().serving("m").to_vec() == [NodeId::from_u64(3)]));
 //! ```
 
 use crate::id::NodeId;

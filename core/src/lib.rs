@@ -45,7 +45,7 @@
 //!     }
 //!     for node in &mut nodes { node.handle_input(now, Input::Timeout); }
 //! }
-//! assert_eq!(nodes[0].replica().serving("llama"), &[NodeId::from_u64(2)]);
+//! assert_eq!(nodes[0].replica().serving("llama").to_vec(), [NodeId::from_u64(2)]);
 //! ```
 //!
 //! Modules by concept: [`record`] (the lattice), [`auth`] (owner signatures and DOWN marks),

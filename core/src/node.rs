@@ -353,7 +353,7 @@ pub struct Stats {
 ///     now = deadline;
 ///     node.handle_input(now, Input::Timeout);
 /// }
-/// assert_eq!(node.replica().serving("llama"), &[NodeId::from_u64(1)]);
+/// assert_eq!(node.replica().serving("llama").to_vec(), [NodeId::from_u64(1)]);
 /// ```
 #[derive(Debug)]
 pub struct Node {

@@ -15,9 +15,10 @@
 use crate::id::NodeId;
 use crate::record::{Lifecycle, Record, Role, SharedRecord};
 use crate::time::Time;
+use core::hash::BuildHasher;
 use core::time::Duration;
 use foldhash::fast::FixedState;
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::sync::Arc;
@@ -26,7 +27,6 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct Slot {
     record: SharedRecord,
-    last_advanced: Time,
     changed_at: Time,
     alive: bool,
     routable: bool,
@@ -41,11 +41,6 @@ impl Slot {
     /// The merged record.
     pub fn record(&self) -> &SharedRecord {
         &self.record
-    }
-
-    /// Local time at which the heartbeat or generation last advanced here.
-    pub fn last_advanced(&self) -> Time {
-        self.last_advanced
     }
 
     /// Local time at which the merged record last changed here.
@@ -79,6 +74,54 @@ impl Slot {
     }
 }
 
+/// The routable hosts of one model ([`Replica::serving`]): slot numbers, read through the
+/// replica's slots, so that each of the thousands of entries a large federation's host list
+/// holds is 4 bytes, not a 16-byte id.
+#[derive(Clone, Copy)]
+pub struct Serving<'a> {
+    slots: &'a [Slot],
+    hosts: &'a [u32],
+}
+
+impl<'a> Serving<'a> {
+    /// How many routable hosts.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// No routable host.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The `k`-th host; panics unless `k < len()`.
+    pub fn get(&self, k: usize) -> NodeId {
+        self.slots[self.hosts[k] as usize].record.id
+    }
+
+    /// The hosts, in the replica's order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = NodeId> + 'a {
+        let slots = self.slots;
+        self.hosts.iter().map(move |&n| slots[n as usize].record.id)
+    }
+
+    /// Whether `id` is among the hosts.
+    pub fn contains(&self, id: &NodeId) -> bool {
+        self.iter().any(|h| h == *id)
+    }
+
+    /// The hosts as ids.
+    pub fn to_vec(&self) -> Vec<NodeId> {
+        self.iter().collect()
+    }
+}
+
+impl core::fmt::Debug for Serving<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// The effect of one merge on the replica.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Merged {
@@ -92,9 +135,11 @@ pub struct Merged {
 
 /// What a replica that judges liveness by heartbeats ([`Replica::new`]) keeps per slot besides
 /// the [`Slot`]; a replica whose failure detector judges liveness keeps none, so that each of
-/// the 10,000 slots every node of a large federation holds stays 32 bytes.
+/// the 10,000 slots every node of a large federation holds stays 24 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Liveness {
+    /// Local time at which the heartbeat or generation last advanced here.
+    last_advanced: Time,
     /// When this slot's entry in the expiry heap falls due; older heap entries are stale.
     due: Time,
     /// The highest heartbeat heard for the stored generation (from digests), which may be ahead
@@ -111,8 +156,12 @@ pub struct Replica {
     slots: Vec<Slot>,
     /// Per slot, at the same positions, while `dead_after` is set; empty otherwise.
     liveness: Vec<Liveness>,
-    index: HashMap<NodeId, u32, FixedState>,
-    hosts: HashMap<String, Vec<NodeId>, FixedState>,
+    /// Slot numbers, found by the id in the slot: 4 bytes an entry where a map from id to
+    /// number would take 20, in a table that every node holds for every node.
+    index: HashTable<u32>,
+    hasher: FixedState,
+    /// Per model name, the slot numbers of its routable hosts.
+    hosts: HashMap<String, Vec<u32>, FixedState>,
     view: u64,
     /// Alive slots by the time they would die without news: sweeps touch only what is due.
     expiries: BinaryHeap<Reverse<(Time, u32)>>,
@@ -204,7 +253,8 @@ impl Replica {
             dead_after,
             slots: Vec::new(),
             liveness: Vec::new(),
-            index: HashMap::with_hasher(FixedState::default()),
+            index: HashTable::new(),
+            hasher: FixedState::default(),
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
             expiries: BinaryHeap::new(),
@@ -224,6 +274,12 @@ impl Replica {
     pub fn heartbeat_at(&self, i: usize) -> u64 {
         let stored = self.slots[i].record.heartbeat;
         self.liveness.get(i).map_or(stored, |l| l.beat.max(stored))
+    }
+
+    /// Local time at which `id`'s heartbeat or generation last advanced here; `None` for an
+    /// unknown node and in a replica [`Replica::without_expiry`], where heartbeats judge nothing.
+    pub fn last_advanced(&self, id: &NodeId) -> Option<Time> {
+        self.liveness.get(self.position(id)?).map(|l| l.last_advanced)
     }
 
     /// The local node's id.
@@ -254,7 +310,7 @@ impl Replica {
 
     /// The position of `id`'s slot in [`Replica::slots`].
     pub fn position(&self, id: &NodeId) -> Option<usize> {
-        self.index.get(id).map(|&i| i as usize)
+        self.slot_number(id).map(|i| i as usize)
     }
 
     /// All slots in the order nodes were first learned (deterministic for a given input sequence).
@@ -263,8 +319,8 @@ impl Replica {
     }
 
     /// Routable nodes hosting a model called `model` (any weight format).
-    pub fn serving(&self, model: &str) -> &[NodeId] {
-        self.hosts.get(model).map_or(&[], Vec::as_slice)
+    pub fn serving(&self, model: &str) -> Serving<'_> {
+        Serving { slots: &self.slots, hosts: self.hosts.get(model).map_or(&[], Vec::as_slice) }
     }
 
     /// Names of models with at least one routable host, sorted.
@@ -276,7 +332,7 @@ impl Replica {
 
     /// Merges a version of some node's record, received at local time `now`.
     pub fn merge(&mut self, now: Time, incoming: SharedRecord) -> Merged {
-        let Some(&i) = self.index.get(&incoming.id) else {
+        let Some(i) = self.slot_number(&incoming.id) else {
             if self.deleted.get(&incoming.id).is_some_and(|(generation, _)| incoming.generation <= *generation) {
                 self.resurrections_refused += 1;
                 return Merged::default();
@@ -286,23 +342,17 @@ impl Replica {
             let stamp = content_stamp(&incoming);
             self.view ^= view_hash(&incoming);
             self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, stamp);
-            let slot = Slot {
-                record: incoming,
-                last_advanced: now,
-                changed_at: now,
-                alive,
-                routable: false,
-                stamp,
-                retired: false,
-            };
+            let slot = Slot { record: incoming, changed_at: now, alive, routable: false, stamp, retired: false };
             if self.dead_after.is_some() {
                 crate::reserve_one(&mut self.liveness);
-                self.liveness.push(Liveness { due: Time::NEVER, beat });
+                self.liveness.push(Liveness { last_advanced: now, due: Time::NEVER, beat });
             }
-            self.index.insert(id, self.slots.len() as u32);
-            self.by_bucket[bucket_of(&id, BUCKETS)].push(self.slots.len() as u32);
+            let n = self.slots.len() as u32;
+            self.by_bucket[bucket_of(&id, BUCKETS)].push(n);
             crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
+            let (hasher, slots) = (&self.hasher, &self.slots);
+            self.index.insert_unique(hasher.hash_one(id), n, |&n| hasher.hash_one(slots[n as usize].record.id));
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
@@ -340,10 +390,12 @@ impl Replica {
         let stored = slot.record.heartbeat;
         if let Some(l) = self.liveness.get_mut(i) {
             l.beat = if new_generation { stored } else { l.beat.max(stored) };
+            if advanced {
+                l.last_advanced = now;
+            }
         }
         let slot = &mut self.slots[i];
         if advanced {
-            slot.last_advanced = now;
             let revived = !slot.alive;
             slot.alive = true;
             if revived && slot.record.id != self.local {
@@ -363,7 +415,7 @@ impl Replica {
     /// Notes that a peer holds heartbeat `heartbeat` of `id`'s generation `generation`: evidence
     /// of life without the record. Returns the routability flip, if any.
     pub fn note_heartbeat(&mut self, now: Time, id: &NodeId, generation: u64, heartbeat: u64) -> Option<bool> {
-        let i = *self.index.get(id)? as usize;
+        let i = self.position(id)?;
         let known = self.heartbeat_at(i);
         let slot = &mut self.slots[i];
         if slot.record.generation != generation || heartbeat <= known || slot.record.state == Lifecycle::Left {
@@ -372,9 +424,9 @@ impl Replica {
         // Kept only where heartbeats flow: a replica without expiry keeps no heard heartbeats.
         if let Some(l) = self.liveness.get_mut(i) {
             l.beat = heartbeat;
+            l.last_advanced = now;
         }
         let slot = &mut self.slots[i];
-        slot.last_advanced = now;
         if slot.alive || slot.record.id == self.local {
             return None;
         }
@@ -388,7 +440,7 @@ impl Replica {
     /// suspicion is lifted here or a newer heartbeat or generation of it is merged. Returns the
     /// routability flip, if any. The local node and LEFT nodes are left alone.
     pub fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
-        let i = *self.index.get(id)? as usize;
+        let i = self.position(id)?;
         let slot = &mut self.slots[i];
         if slot.alive == alive || slot.record.id == self.local || slot.record.state == Lifecycle::Left {
             return None;
@@ -410,9 +462,8 @@ impl Replica {
             if self.liveness[i].due != due || !self.slots[i].alive {
                 continue; // stale entry
             }
-            let slot = &self.slots[i];
             let Some(dead_after) = self.dead_after else { continue };
-            if slot.last_advanced + dead_after > now {
+            if self.liveness[i].last_advanced + dead_after > now {
                 self.arm(i); // news arrived since it was armed
                 continue;
             }
@@ -427,8 +478,9 @@ impl Replica {
     /// Puts slot `i` into the expiry heap at the time it would die without news.
     fn arm(&mut self, i: usize) {
         let Some(dead_after) = self.dead_after else { return };
-        let due = self.slots[i].last_advanced + dead_after;
-        self.liveness[i].due = due;
+        let l = &mut self.liveness[i];
+        let due = l.last_advanced + dead_after;
+        l.due = due;
         self.expiries.push(Reverse((due, i as u32)));
     }
 
@@ -444,12 +496,12 @@ impl Replica {
         if was == routable && !(routable && models_changed) {
             return None;
         }
-        let id = rec.id;
+        let n = i as u32;
         if was {
             let old_models = previous.map_or(&rec.models, |p| &p.models);
             for m in old_models.as_slice() {
                 if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
-                    if let Some(pos) = list.iter().position(|n| *n == id) {
+                    if let Some(pos) = list.iter().position(|&h| h == n) {
                         list.swap_remove(pos);
                     }
                 }
@@ -468,7 +520,7 @@ impl Replica {
                 }
                 let list = self.hosts.entry_ref(m.name.as_str()).or_default();
                 crate::reserve_one(list);
-                list.push(id);
+                list.push(n);
             }
         }
         (was != routable).then_some(routable)
@@ -512,8 +564,7 @@ impl Replica {
             .collect();
         for id in due {
             // Looked up afresh: each deletion moves the last slot into the deleted one's place.
-            let Some(&i) = self.index.get(&id) else { continue };
-            let i = i as usize;
+            let Some(i) = self.position(&id) else { continue };
             let slot = &self.slots[i];
             if !slot.retired {
                 self.buckets[bucket_of(&id, BUCKETS)] ^= slot.sync_hash();
@@ -529,16 +580,31 @@ impl Replica {
             self.downs.remove(&id);
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
-            self.index.remove(&id);
             let last = (self.slots.len() - 1) as u32;
+            if let Ok(entry) = self.index.find_entry(self.hasher.hash_one(id), |&n| n == i as u32) {
+                entry.remove();
+            }
             let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
             list.retain(|&s| s != i as u32);
+            // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
+            debug_assert!(!self.slots[i].routable);
             self.slots.swap_remove(i);
             if let Some(moved) = self.slots.get(i) {
-                self.index.insert(moved.record.id, i as u32);
-                let list = &mut self.by_bucket[bucket_of(&moved.record.id, BUCKETS)];
-                if let Some(s) = list.iter_mut().find(|s| **s == last) {
-                    *s = i as u32;
+                if let Some(n) = self.index.find_mut(self.hasher.hash_one(moved.record.id), |&n| n == last) {
+                    *n = i as u32;
+                }
+                let renumber = |list: &mut Vec<u32>| {
+                    if let Some(s) = list.iter_mut().find(|s| **s == last) {
+                        *s = i as u32;
+                    }
+                };
+                renumber(&mut self.by_bucket[bucket_of(&moved.record.id, BUCKETS)]);
+                if moved.routable {
+                    for m in moved.record.models.as_slice() {
+                        if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
+                            renumber(list);
+                        }
+                    }
                 }
             }
             done.deleted += 1;
@@ -589,7 +655,8 @@ impl Replica {
 
     /// The slot number of `id`'s record, if held.
     pub fn slot_number(&self, id: &NodeId) -> Option<u32> {
-        self.index.get(id).copied()
+        let slots = &self.slots;
+        self.index.find(self.hasher.hash_one(id), |&n| slots[n as usize].record.id == *id).copied()
     }
 
     /// Records refused because the GC watermark holds a later deletion of their node.
@@ -662,18 +729,18 @@ mod tests {
         let mut hosts = r.serving("llama").to_vec();
         hosts.sort();
         assert_eq!(hosts, vec![NodeId::from_u64(1), NodeId::from_u64(3)]);
-        assert_eq!(r.serving("qwen"), &[NodeId::from_u64(3)]);
+        assert_eq!(r.serving("qwen").to_vec(), [NodeId::from_u64(3)]);
         assert!(r.serving("mistral").is_empty());
         assert_eq!(r.routable_models(), vec!["llama", "qwen"]);
         // DOWN removes the host at once.
         assert_eq!(r.merge(Time::ZERO, rec(1, 1, Lifecycle::Down, 1, &["llama"])).routable, Some(false));
-        assert_eq!(r.serving("llama"), &[NodeId::from_u64(3)]);
+        assert_eq!(r.serving("llama").to_vec(), [NodeId::from_u64(3)]);
     }
 
     #[test]
-    fn a_slot_stays_32_bytes() {
+    fn a_slot_stays_24_bytes() {
         // Every node of a 10,000-node federation holds 10,000 of them.
-        assert!(core::mem::size_of::<Slot>() <= 32, "{} bytes", core::mem::size_of::<Slot>());
+        assert!(core::mem::size_of::<Slot>() <= 24, "{} bytes", core::mem::size_of::<Slot>());
         let r = Replica::without_expiry((*rec(1, 1, Lifecycle::Serve, 0, &["m"])).clone(), Time::ZERO);
         assert!(r.liveness.is_empty(), "a replica without expiry keeps no per-slot liveness");
     }
@@ -706,7 +773,7 @@ mod tests {
         r.merge(Time::from_secs(1), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
         r.sweep(Time::from_secs(100_000), &mut flips);
         assert!(flips.is_empty());
-        assert_eq!(r.serving("m"), &[NodeId::from_u64(1)]);
+        assert_eq!(r.serving("m").to_vec(), [NodeId::from_u64(1)]);
         // DOWN through the lattice still ends routing.
         assert_eq!(r.merge(Time::from_secs(2), rec(1, 1, Lifecycle::Down, 1, &["m"])).routable, Some(false));
     }
@@ -741,11 +808,11 @@ mod tests {
         let mut r = replica();
         r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["a"]));
         r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 2, &["a", "b"]));
-        assert_eq!(r.serving("b"), &[NodeId::from_u64(1)]);
+        assert_eq!(r.serving("b").to_vec(), [NodeId::from_u64(1)]);
         // A new generation may withdraw a model.
         r.merge(Time::ZERO, rec(1, 2, Lifecycle::Serve, 0, &["b"]));
         assert!(r.serving("a").is_empty());
-        assert_eq!(r.serving("b"), &[NodeId::from_u64(1)]);
+        assert_eq!(r.serving("b").to_vec(), [NodeId::from_u64(1)]);
     }
 
     #[test]
@@ -798,7 +865,7 @@ mod tests {
             assert_eq!(r.merge(Time::from_secs(120), stale), Merged::default());
         }
         assert_eq!(r.resurrections_refused(), 2);
-        assert_eq!(r.serving("m"), &[NodeId::from_u64(2)]);
+        assert_eq!(r.serving("m").to_vec(), [NodeId::from_u64(2)]);
         // A new generation is a new process of that node: welcome.
         assert!(r.merge(Time::from_secs(130), rec(1, 2, Lifecycle::Serve, 0, &["m"])).new_node);
         // The watermark entry is forgotten after another lifetime.

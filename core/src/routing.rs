@@ -67,7 +67,7 @@ pub fn route<R: Rng + ?Sized>(
     // Fast path: a few random draws find two usable hosts when most are usable.
     let mut picks: [Option<NodeId>; 2] = [None, None];
     for _ in 0..8 {
-        let id = hosts[rng.random_range(0..hosts.len())];
+        let id = hosts.get(rng.random_range(0..hosts.len()));
         if picks[0] == Some(id) || !usable(id) {
             continue;
         }
@@ -80,8 +80,7 @@ pub fn route<R: Rng + ?Sized>(
     }
     // Slow path: most hosts unusable; scan for the usable ones.
     if picks[1].is_none() && hosts.len() > 1 {
-        let usable_hosts: Vec<NodeId> =
-            hosts.iter().copied().filter(|&id| Some(id) != picks[0] && usable(id)).collect();
+        let usable_hosts: Vec<NodeId> = hosts.iter().filter(|&id| Some(id) != picks[0] && usable(id)).collect();
         match (picks[0], usable_hosts.len()) {
             (_, 0) => {}
             (Some(_), n) => picks[1] = Some(usable_hosts[rng.random_range(0..n)]),

@@ -128,7 +128,7 @@ pub fn restart_replaces_the_old_record(h: &mut Harness, r: u64, config: impl Fn(
     serve(h, r, &["other"]);
     assert!(h.run_until(LONG, |h| agreed_state(h, node) == Some((old + 1, Lifecycle::Serve))));
     assert!(h.run_until(LONG, views_agree));
-    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other") == [node])));
+    assert!(h.run_until(LONG, |h| h.running().all(|x| h.node(x).replica().serving("other").to_vec() == [node])));
     for x in h.running() {
         assert!(!h.node(x).replica().serving("m").contains(&node), "node {x} still routes m to the old incarnation");
     }

@@ -632,10 +632,10 @@ impl Run {
         }
         for name in replica.routable_models() {
             let hosts = replica.serving(name);
-            let unique: BTreeSet<&NodeId> = hosts.iter().collect();
+            let unique: BTreeSet<NodeId> = hosts.iter().collect();
             assert_eq!(unique.len(), hosts.len(), "'{name}' lists a host twice");
-            for id in hosts {
-                let slot = replica.get(id);
+            for id in hosts.iter() {
+                let slot = replica.get(&id);
                 assert!(
                     slot.is_some_and(|s| s.is_routable() && s.record().models.contains_name(name)),
                     "'{name}' lists {id}, which is not a routable host of it"

@@ -387,9 +387,11 @@ impl Driver {
                     .map(|s| {
                         let state = s.record().state;
                         if s.is_alive() || state >= Lifecycle::Down {
-                            format!("state {}", state.as_str())
-                        } else {
-                            format!("no heartbeat for {:?}", self.now().saturating_since(s.last_advanced()))
+                            return format!("state {}", state.as_str());
+                        }
+                        match self.node.replica().last_advanced(id) {
+                            Some(at) => format!("no heartbeat for {:?}", self.now().saturating_since(at)),
+                            None => "suspected by the failure detector".to_string(),
                         }
                     })
                     .unwrap_or_default();

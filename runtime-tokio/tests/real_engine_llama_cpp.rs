@@ -50,7 +50,7 @@ fn llama_cpp_server_is_discovered_with_its_model_and_serves_through_the_tunnel()
         until(&anchor, "the llama.cpp node is routable", Duration::from_secs(120), |s| routable(s, &id)).await;
         eprintln!("llama.cpp node routable at the anchor {:?} after start", started.elapsed());
         let snap = anchor.runtime().snapshot();
-        assert_eq!(snap.replica().serving("smollm2"), &[id], "discovered with the model alias");
+        assert_eq!(snap.replica().serving("smollm2").to_vec(), [id], "discovered with the model alias");
         // The node's log is read by another thread: the line may trail the gossip that made it routable.
         node.wait_line("serving smollm2", Duration::from_secs(10));
 

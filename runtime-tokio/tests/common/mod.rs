@@ -335,7 +335,7 @@ pub fn federation_agrees(transport: &str, expected: tela_transports::Transport) 
             let (record, _) = snap.record(id).expect("known");
             let names: Vec<&str> = record.models.as_slice().iter().map(|m| m.name.as_str()).collect();
             assert_eq!(names, vec![format!("model-{i}").as_str()], "node {i} announces its engine's model");
-            assert_eq!(snap.replica().serving(&format!("model-{i}")), &[*id]);
+            assert_eq!(snap.replica().serving(&format!("model-{i}")).to_vec(), [*id]);
             let conn = anchor.runtime().view().connection(id).expect("a live connection to the node");
             assert_eq!(conn.transport(), expected, "node {i} joined over {expected}");
         }
