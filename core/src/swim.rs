@@ -80,12 +80,14 @@ use crate::time::Time;
 use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
+use members::Members;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod config;
+mod members;
 pub use config::{suspicion_timeout, SwimConfig, SwimConfigError};
 
 /// Ping-reqs served for others at once; more are ignored (bounds what a flood can make us hold).
@@ -174,7 +176,7 @@ struct Suspicion {
 }
 
 /// A member's standing; a suspect's [`Suspicion`] is kept in [`Swim::suspected`], so that the
-/// entry every node holds for every member of a 10k registry stays 16 bytes.
+/// entry every node holds for every member of a 10k registry stays 10 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Standing {
     Alive,
@@ -183,7 +185,7 @@ enum Standing {
 }
 
 /// What the detector knows of one member. The incarnation is kept as bytes so that an entry
-/// has no alignment padding: 26 bytes with its 16-byte key instead of 32, in a table that
+/// has no alignment padding: 26 bytes with its 16-byte id instead of 32, in a table that
 /// every node holds for every member.
 #[derive(Clone, Debug)]
 struct Member {
@@ -232,7 +234,7 @@ pub struct Swim {
     now: Time,
     incarnation: u64,
     health: u8,
-    members: HashMap<NodeId, Member, FixedState>,
+    members: Members,
     /// The suspicion of each member whose standing is [`Standing::Suspect`].
     suspected: HashMap<NodeId, Suspicion, FixedState>,
     /// Members vouched for, by their voucher: only an anchor's own outbound-only members, so
@@ -242,8 +244,8 @@ pub struct Swim {
     /// last heard from. Kept through a suspicion, so that vouching resumes after the refutation.
     leases: BTreeMap<NodeId, Time>,
     next_lease_check: Time,
-    /// Probe order of the current pass: probeable members not confirmed dead.
-    order: Vec<NodeId>,
+    /// Probe order of the current pass, by member number: probeable members not confirmed dead.
+    order: Vec<u32>,
     cursor: usize,
     passes: u64,
     probe: Option<Probe>,
@@ -272,7 +274,7 @@ impl Swim {
             now,
             incarnation: 0,
             health: 0,
-            members: HashMap::with_hasher(FixedState::default()),
+            members: Members::default(),
             suspected: HashMap::with_hasher(FixedState::default()),
             vouchers: HashMap::with_hasher(FixedState::default()),
             leases: BTreeMap::new(),
@@ -313,11 +315,9 @@ impl Swim {
     /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
     /// Members it vouched for lose the voucher.
     pub fn remove_member(&mut self, id: NodeId) -> bool {
-        if self.members.remove(&id).is_none() {
-            return false;
-        }
+        let Some(n) = self.members.remove(&id) else { return false };
         self.lift_suspicion(id);
-        self.leave_order(id);
+        self.leave_order(n);
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
         }
@@ -330,14 +330,15 @@ impl Swim {
     /// Whether `id` can be pinged directly (it is public, or holds a connection to us). Members
     /// that are not are never probed.
     pub fn set_probeable(&mut self, id: NodeId, probeable: bool) {
+        let Some(n) = self.members.number(&id) else { return };
         let Some(m) = self.members.get_mut(&id) else { return };
         let was = m.probeable && m.standing != Standing::Confirmed;
         m.probeable = probeable;
         let is = probeable && m.standing != Standing::Confirmed;
         match (was, is) {
-            (false, true) => self.join_order(id),
+            (false, true) => self.join_order(n),
             (true, false) => {
-                self.leave_order(id);
+                self.leave_order(n);
                 if self.probe.as_ref().is_some_and(|p| p.target == id) {
                     self.probe = None;
                 }
@@ -612,14 +613,14 @@ impl Swim {
         self.health = self.health.saturating_add(by).min(self.config.max_health);
     }
 
-    /// Puts `id` at a random position of the probe order in `O(1)` by swaps, as memberlist does:
+    /// Puts member number `n` at a random position of the probe order in `O(1)` by swaps, as memberlist does:
     /// ahead of the cursor it is probed in this pass, behind it in the next. The member it
     /// displaces stays on its side of the cursor, so nobody is probed twice in a pass. (Shifting
     /// the order instead cost `O(n)` a join, `O(n²)` for a node joining a federation of `n`.)
-    fn join_order(&mut self, id: NodeId) {
+    fn join_order(&mut self, n: u32) {
         let at = self.rng.random_range(0..=self.order.len());
         crate::reserve_one(&mut self.order);
-        self.order.push(id);
+        self.order.push(n);
         let last = self.order.len() - 1;
         if at < self.cursor {
             // The first unprobed member goes to the end, the displaced (probed) one takes its
@@ -632,10 +633,10 @@ impl Swim {
         }
     }
 
-    /// Takes `id` out of the probe order by swaps, keeping every other member on its side of
-    /// the cursor. (Finding it is still a scan.)
-    fn leave_order(&mut self, id: NodeId) {
-        let Some(at) = self.order.iter().position(|m| *m == id) else { return };
+    /// Takes member number `n` out of the probe order by swaps, keeping every other member on
+    /// its side of the cursor. (Finding it is still a scan.)
+    fn leave_order(&mut self, n: u32) {
+        let Some(at) = self.order.iter().position(|&m| m == n) else { return };
         if at < self.cursor {
             // The last probed member takes its place; the last member fills the gap.
             self.cursor -= 1;
@@ -699,7 +700,8 @@ impl Swim {
             self.cursor = 0;
             self.passes += 1;
         }
-        let Some(&target) = self.order.get(self.cursor) else { return };
+        let Some(&n) = self.order.get(self.cursor) else { return };
+        let target = self.members.id(n);
         self.cursor += 1;
         let seq = self.take_seq();
         self.probe =
@@ -722,21 +724,21 @@ impl Swim {
 
     /// Up to `k` distinct members, not `target`, probeable and not suspected.
     fn pick_helpers(&mut self, target: NodeId, k: usize) -> Vec<NodeId> {
-        let healthy = |members: &HashMap<NodeId, Member, FixedState>, id: &NodeId| {
-            *id != target && members.get(id).is_some_and(|m| m.standing == Standing::Alive)
-        };
+        let members = &self.members;
+        let healthy = |n: u32| members.at(n).standing == Standing::Alive && members.id(n) != target;
         let mut picked = Vec::with_capacity(k);
         if self.order.len() < SCAN_BELOW {
-            let mut pool: Vec<NodeId> = self.order.iter().copied().filter(|id| healthy(&self.members, id)).collect();
+            let mut pool: Vec<u32> = self.order.iter().copied().filter(|&n| healthy(n)).collect();
             while picked.len() < k && !pool.is_empty() {
                 let i = self.rng.random_range(0..pool.len());
-                picked.push(pool.swap_remove(i));
+                picked.push(members.id(pool.swap_remove(i)));
             }
             return picked;
         }
         for _ in 0..k * 4 {
-            let id = self.order[self.rng.random_range(0..self.order.len())];
-            if healthy(&self.members, &id) && !picked.contains(&id) {
+            let n = self.order[self.rng.random_range(0..self.order.len())];
+            let id = members.id(n);
+            if healthy(n) && !picked.contains(&id) {
                 picked.push(id);
                 if picked.len() == k {
                     break;
@@ -821,6 +823,7 @@ impl Swim {
     }
 
     fn confirm(&mut self, id: NodeId) {
+        let Some(n) = self.members.number(&id) else { return };
         let Some(m) = self.members.get_mut(&id) else { return };
         if m.standing != Standing::Suspect {
             return;
@@ -829,7 +832,7 @@ impl Swim {
         m.standing = Standing::Confirmed;
         self.suspected.remove(&id);
         if was_probed {
-            self.leave_order(id);
+            self.leave_order(n);
         }
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
@@ -1041,9 +1044,7 @@ mod tests {
     }
 
     #[test]
-    fn a_member_entry_has_no_padding() {
-        // Every node of a 10,000-node federation holds 10,000 of them.
-        assert_eq!(core::mem::size_of::<(NodeId, Member)>(), 26);
+    fn incarnations_round_trip_through_bytes() {
         let mut m = Member { incarnation: [0; 8], probeable: true, standing: Standing::Alive };
         m.set_incarnation(u64::MAX - 1);
         assert_eq!(m.incarnation(), u64::MAX - 1, "every incarnation round-trips");
@@ -1253,7 +1254,7 @@ mod tests {
 
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
-            match self.members[&id].standing {
+            match self.members.get(&id).expect("a member").standing {
                 Standing::Suspect => self.suspected[&id].deadline,
                 _ => Time::NEVER,
             }
@@ -1268,9 +1269,9 @@ mod tests {
             if sorted.len() != self.order.len() {
                 return Err(format!("duplicate in probe order {:?}", self.order));
             }
-            for (id, m) in &self.members {
+            for (id, m) in self.members.iter() {
                 let should = m.probeable && m.standing != Standing::Confirmed;
-                if should != self.order.contains(id) {
+                if should != self.members.number(&id).is_some_and(|n| self.order.contains(&n)) {
                     return Err(format!("{id:?} in probe order: {}, should be {should}", !should));
                 }
             }
@@ -1281,11 +1282,11 @@ mod tests {
                 .members
                 .iter()
                 .filter_map(|(id, m)| match m.standing {
-                    Standing::Suspect => Some((self.suspected.get(id)?.deadline, *id)),
+                    Standing::Suspect => Some((self.suspected.get(&id)?.deadline, id)),
                     _ => None,
                 })
                 .collect();
-            let suspects = self.members.values().filter(|m| m.standing == Standing::Suspect).count();
+            let suspects = self.members.iter().filter(|(_, m)| m.standing == Standing::Suspect).count();
             if suspects != self.suspected.len() || expected.len() != suspects {
                 return Err(format!("{suspects} suspects, {} suspicions kept", self.suspected.len()));
             }
@@ -1296,7 +1297,7 @@ mod tests {
                 return Err(format!("health {} over {}", self.health, self.config.max_health));
             }
             // Leases are held on members only, and a held lease is checked.
-            if let Some(id) = self.leases.keys().find(|id| !self.members.contains_key(*id)) {
+            if let Some(id) = self.leases.keys().find(|id| !self.members.contains_key(id)) {
                 return Err(format!("lease on {id:?}, not a member"));
             }
             if !self.leases.is_empty() && self.next_lease_check == Time::NEVER {
