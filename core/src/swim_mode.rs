@@ -77,7 +77,7 @@ use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
 use crate::swim::{Action, Event as SwimEvent, Rumor, Swim, SwimConfig};
 use crate::time::Time;
 use crate::timer::Timer;
-use crate::wire::{encode_piggyback, Message, Piggyback, ProbeBuilder};
+use crate::wire::{Message, Piggyback, ProbeBuilder};
 use bytes::Bytes;
 use core::time::Duration;
 use std::collections::BTreeSet;
@@ -149,20 +149,28 @@ impl Default for SwimSettings {
     }
 }
 
-/// A suspicion queued for piggybacking.
+/// A suspicion queued for piggybacking. Encoded when sent, not kept encoded: while a partition
+/// runs every node queues one for each member cut off, and the encoding would double the item.
 #[derive(Clone, Debug)]
 pub(crate) struct QueuedSuspicion {
     id: NodeId,
     generation: u64,
     heartbeat: u64,
     from: NodeId,
-    encoded: Bytes,
+    encoded_len: u8,
 }
 
 impl QueuedSuspicion {
     fn new(id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> QueuedSuspicion {
-        let encoded = encode_piggyback(&Piggyback::Suspect { id, generation, heartbeat, from });
-        QueuedSuspicion { id, generation, heartbeat, from, encoded }
+        let mut q = QueuedSuspicion { id, generation, heartbeat, from, encoded_len: 0 };
+        // At most 53 bytes: a tag, two ids and two varints.
+        let len = postcard::experimental::serialized_size(&q.piggyback()).unwrap_or(usize::MAX);
+        q.encoded_len = u8::try_from(len).unwrap_or(u8::MAX);
+        q
+    }
+
+    fn piggyback(&self) -> Piggyback {
+        Piggyback::Suspect { id: self.id, generation: self.generation, heartbeat: self.heartbeat, from: self.from }
     }
 }
 
@@ -180,7 +188,7 @@ impl Update for QueuedSuspicion {
     }
 
     fn encoded_len(&self) -> usize {
-        self.encoded.len()
+        usize::from(self.encoded_len)
     }
 }
 
@@ -619,7 +627,7 @@ impl Node {
             }
         }
         st.suspicions.fill(b.budget(), n, |s| {
-            b.push_encoded(&s.encoded);
+            b.push(&s.piggyback());
         });
         st.records.fill(b.budget(), n, |r| {
             b.push_encoded(r.encoded());
@@ -746,10 +754,12 @@ mod tests {
         assert!(suspicion(5, 1).covers(&suspicion(5, 1)));
         assert!(!suspicion(5, 1).covers(&suspicion(5, 2)), "another suspecter is a confirmation");
         assert!(!suspicion(4, 1).covers(&suspicion(5, 1)));
-        let encoded = &suspicion(5, 1).encoded;
-        assert_eq!(
-            postcard::from_bytes::<Piggyback>(encoded).unwrap(),
-            Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) }
-        );
+        let s = suspicion(5, 1);
+        let expected =
+            Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) };
+        assert_eq!(s.piggyback(), expected);
+        assert_eq!(s.encoded_len(), crate::wire::encode_piggyback(&expected).len(), "the budget counts the sent bytes");
+        let big = QueuedSuspicion::new(NodeId([0xff; 16]), u64::MAX, u64::MAX, NodeId([0xff; 16]));
+        assert_eq!(big.encoded_len(), 53, "the longest suspicion fits its length byte");
     }
 }
