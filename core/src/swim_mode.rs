@@ -21,8 +21,9 @@
 //!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
 //!   probes (and the anti-entropy below) alone. Nobody but its anchors can send to an
 //!   outbound-only node, so it pulls: with nothing to spread it sends an empty gossip datagram
-//!   to one peer each round, and a gossip datagram from an outbound-only node is answered with
-//!   the receiver's news, if it has any;
+//!   to `gossip_fanout` random peers each round, and a gossip datagram from an outbound-only
+//!   node is answered with the receiver's news, if it has any (a change is queued only until
+//!   it has been sent a few times, so one pull a round found it gone too often);
 //! - makes sure a suspect hears of its suspicion, since the epidemic can miss it (an
 //!   outbound-only node hears only from its anchors): the suspecter tells a reachable suspect
 //!   directly when the suspicion starts and once a second while it runs, and repeats its running
@@ -489,8 +490,9 @@ impl Node {
                         self.send_probe(peer, b, None, true);
                     }
                 } else if self.config.reach == Reachability::OutboundOnly {
-                    // Nobody can gossip to us but our anchors: pull from a peer instead.
-                    if let Some(peer) = self.pick_peers(1).pop() {
+                    // Nobody can gossip to us but our anchors: pull from as many peers as we
+                    // would push to instead.
+                    for peer in self.pick_peers(fanout) {
                         self.transmit(peer, ProbeBuilder::gossip(self.config.max_datagram).finish());
                     }
                 }
