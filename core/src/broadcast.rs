@@ -206,18 +206,7 @@ impl<T: Update> BroadcastQueue<T> {
                 self.evicted += 1;
             }
         }
-        let entry = Some(Entry { item, sends: 0, seq });
-        let at = match self.free.pop() {
-            Some(at) => {
-                self.slab[at as usize] = entry;
-                at
-            }
-            None => {
-                crate::reserve_one(&mut self.slab);
-                self.slab.push(entry);
-                (self.slab.len() - 1) as u32
-            }
-        };
+        let at = crate::slab_insert(&mut self.slab, &mut self.free, Entry { item, sends: 0, seq });
         let hasher = &self.hasher;
         self.index.insert_unique(hasher.hash_one(key), (key, at), |(k, _)| hasher.hash_one(k));
         self.order.insert((0, Reverse(seq)), at);

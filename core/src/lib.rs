@@ -103,6 +103,18 @@ pub use swim_mode::{Dissemination, SwimSettings};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};
 
+/// Puts `item` into a slab whose holes `free` lists: into the last hole freed, or at the end.
+/// Returns its slab number.
+pub(crate) fn slab_insert<T>(slab: &mut Vec<Option<T>>, free: &mut Vec<u32>, item: T) -> u32 {
+    if let Some(n) = free.pop() {
+        slab[n as usize] = Some(item);
+        return n;
+    }
+    reserve_one(slab);
+    slab.push(Some(item));
+    (slab.len() - 1) as u32
+}
+
 /// Makes room for one more element in `v`, growing a full vector by a quarter instead of
 /// doubling it. For the tables a node keeps per member of the registry (replica slots, routable
 /// hosts, the probe order): at 10,000 members doubling leaves up to half of each unused, a

@@ -66,18 +66,7 @@ impl Members {
     /// Adds `id`, which must not be a member yet; returns its number.
     pub(super) fn insert(&mut self, id: NodeId, member: Member) -> u32 {
         debug_assert!(!self.contains_key(&id));
-        let entry = Some(Entry { id, member });
-        let n = match self.free.pop() {
-            Some(n) => {
-                self.slab[n as usize] = entry;
-                n
-            }
-            None => {
-                crate::reserve_one(&mut self.slab);
-                self.slab.push(entry);
-                (self.slab.len() - 1) as u32
-            }
-        };
+        let n = crate::slab_insert(&mut self.slab, &mut self.free, Entry { id, member });
         let (hasher, slab) = (&self.hasher, &self.slab);
         let rehash = |&n: &u32| slab[n as usize].as_ref().map_or(0, |e| hasher.hash_one(e.id));
         self.index.insert_unique(hasher.hash_one(id), n, rehash);
