@@ -331,7 +331,7 @@ impl Swim {
     /// that are not are never probed.
     pub fn set_probeable(&mut self, id: NodeId, probeable: bool) {
         let Some(n) = self.members.number(&id) else { return };
-        let Some(m) = self.members.get_mut(&id) else { return };
+        let m = self.members.at_mut(n);
         let was = m.probeable && m.standing != Standing::Confirmed;
         m.probeable = probeable;
         let is = probeable && m.standing != Standing::Confirmed;
@@ -613,10 +613,11 @@ impl Swim {
         self.health = self.health.saturating_add(by).min(self.config.max_health);
     }
 
-    /// Puts member number `n` at a random position of the probe order in `O(1)` by swaps, as memberlist does:
-    /// ahead of the cursor it is probed in this pass, behind it in the next. The member it
-    /// displaces stays on its side of the cursor, so nobody is probed twice in a pass. (Shifting
-    /// the order instead cost `O(n)` a join, `O(n²)` for a node joining a federation of `n`.)
+    /// Puts member number `n` at a random position of the probe order in `O(1)` by swaps, as
+    /// memberlist does: ahead of the cursor it is probed in this pass, behind it in the next.
+    /// The member it displaces stays on its side of the cursor, so nobody is probed twice in a
+    /// pass. (Shifting the order instead cost `O(n)` a join, `O(n²)` for a node joining a
+    /// federation of `n`.)
     fn join_order(&mut self, n: u32) {
         let at = self.rng.random_range(0..=self.order.len());
         crate::reserve_one(&mut self.order);
@@ -824,7 +825,7 @@ impl Swim {
 
     fn confirm(&mut self, id: NodeId) {
         let Some(n) = self.members.number(&id) else { return };
-        let Some(m) = self.members.get_mut(&id) else { return };
+        let m = self.members.at_mut(n);
         if m.standing != Standing::Suspect {
             return;
         }

@@ -46,7 +46,7 @@ impl Members {
 
     pub(super) fn get_mut(&mut self, id: &NodeId) -> Option<&mut Member> {
         let n = self.number(id)?;
-        self.slab[n as usize].as_mut().map(|e| &mut e.member)
+        Some(self.at_mut(n))
     }
 
     /// The id of the member numbered `n`; panics on a hole.
@@ -57,6 +57,11 @@ impl Members {
     /// The member numbered `n`; panics on a hole.
     pub(super) fn at(&self, n: u32) -> &Member {
         &self.entry(n).member
+    }
+
+    /// The member numbered `n`, to change; panics on a hole.
+    pub(super) fn at_mut(&mut self, n: u32) -> &mut Member {
+        &mut self.slab[n as usize].as_mut().expect("a member number names a member").member
     }
 
     fn entry(&self, n: u32) -> &Entry {
