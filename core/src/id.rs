@@ -1,6 +1,9 @@
 //! Node identity.
 
 use core::fmt;
+use core::hash::BuildHasher;
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 
 /// A node's identity in the federation: 16 bytes, stable across restarts of the same node.
@@ -67,9 +70,71 @@ impl fmt::Debug for NodeId {
     }
 }
 
+/// Numbers (positions in the owner's own table) found by id, where the owner's table already
+/// holds the id at each number: an entry is the 4-byte number alone, where a map from id to
+/// number would take 20 bytes. Every node of a 10,000-node federation keeps such an index for
+/// every node, twice (the replica's slots and the detector's members).
+///
+/// Each call is given `id_at`, the owner's id at a number (`None` for a hole its table keeps).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct IdIndex {
+    table: HashTable<u32>,
+    hasher: FixedState,
+}
+
+impl IdIndex {
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The number at which the owner holds `id`.
+    pub(crate) fn find(&self, id: &NodeId, id_at: impl Fn(u32) -> Option<NodeId>) -> Option<u32> {
+        self.table.find(self.hasher.hash_one(id), |&n| id_at(n) == Some(*id)).copied()
+    }
+
+    /// Indexes `id`, which the owner now holds at `n` and did not hold before.
+    pub(crate) fn insert(&mut self, id: NodeId, n: u32, id_at: impl Fn(u32) -> Option<NodeId>) {
+        let hasher = &self.hasher;
+        self.table.insert_unique(hasher.hash_one(id), n, |&m| id_at(m).map_or(0, |id| hasher.hash_one(id)));
+    }
+
+    /// Forgets `id` (the owner still holds it, until this returns); returns its number.
+    pub(crate) fn remove(&mut self, id: &NodeId, id_at: impl Fn(u32) -> Option<NodeId>) -> Option<u32> {
+        let entry = self.table.find_entry(self.hasher.hash_one(id), |&n| id_at(n) == Some(*id)).ok()?;
+        Some(entry.remove().0)
+    }
+
+    /// The owner moved `id` from number `from` to `to`.
+    pub(crate) fn renumber(&mut self, id: &NodeId, from: u32, to: u32) {
+        if let Some(n) = self.table.find_mut(self.hasher.hash_one(id), |&n| n == from) {
+            *n = to;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_index_follows_its_owners_table() {
+        let mut ids: Vec<NodeId> = (0..50).map(NodeId::from_u64).collect();
+        let mut ix = IdIndex::default();
+        for (n, id) in ids.iter().enumerate() {
+            ix.insert(*id, n as u32, |m| ids.get(m as usize).copied());
+        }
+        let at = |ids: &[NodeId], m: u32| ids.get(m as usize).copied();
+        assert_eq!(ix.find(&NodeId::from_u64(7), |m| at(&ids, m)), Some(7));
+        assert_eq!(ix.find(&NodeId::from_u64(99), |m| at(&ids, m)), None);
+        // The owner drops 7 by moving its last entry into the hole, as a swap-remove does.
+        assert_eq!(ix.remove(&NodeId::from_u64(7), |m| at(&ids, m)), Some(7));
+        ids.swap_remove(7);
+        ix.renumber(&NodeId::from_u64(49), 49, 7);
+        assert_eq!((ix.len(), ix.find(&NodeId::from_u64(7), |m| at(&ids, m))), (49, None));
+        for (n, id) in ids.iter().enumerate() {
+            assert_eq!(ix.find(id, |m| at(&ids, m)), Some(n as u32), "{id:?}");
+        }
+    }
 
     #[test]
     fn ids_from_numbers_are_distinct_and_ordered() {

@@ -12,13 +12,12 @@
 //! [`Replica::sweep`], which the node calls on a timer; between sweeps a host that just timed out
 //! can still be listed.
 
-use crate::id::NodeId;
+use crate::id::{IdIndex, NodeId};
 use crate::record::{Lifecycle, Record, Role, SharedRecord};
 use crate::time::Time;
-use core::hash::BuildHasher;
 use core::time::Duration;
 use foldhash::fast::FixedState;
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::sync::Arc;
@@ -156,10 +155,8 @@ pub struct Replica {
     slots: Vec<Slot>,
     /// Per slot, at the same positions, while `dead_after` is set; empty otherwise.
     liveness: Vec<Liveness>,
-    /// Slot numbers, found by the id in the slot: 4 bytes an entry where a map from id to
-    /// number would take 20, in a table that every node holds for every node.
-    index: HashTable<u32>,
-    hasher: FixedState,
+    /// Slot numbers by the id in the slot.
+    index: IdIndex,
     /// Per model name, the slot numbers of its routable hosts.
     hosts: HashMap<String, Vec<u32>, FixedState>,
     view: u64,
@@ -253,8 +250,7 @@ impl Replica {
             dead_after,
             slots: Vec::new(),
             liveness: Vec::new(),
-            index: HashTable::new(),
-            hasher: FixedState::default(),
+            index: IdIndex::default(),
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
             expiries: BinaryHeap::new(),
@@ -351,8 +347,8 @@ impl Replica {
             self.by_bucket[bucket_of(&id, BUCKETS)].push(n);
             crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
-            let (hasher, slots) = (&self.hasher, &self.slots);
-            self.index.insert_unique(hasher.hash_one(id), n, |&n| hasher.hash_one(slots[n as usize].record.id));
+            let slots = &self.slots;
+            self.index.insert(id, n, |m| slots.get(m as usize).map(|s| s.record.id));
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
@@ -581,18 +577,15 @@ impl Replica {
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
             let last = (self.slots.len() - 1) as u32;
-            if let Ok(entry) = self.index.find_entry(self.hasher.hash_one(id), |&n| n == i as u32) {
-                entry.remove();
-            }
+            let slots = &self.slots;
+            self.index.remove(&id, |m| slots.get(m as usize).map(|s| s.record.id));
             let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
             list.retain(|&s| s != i as u32);
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
             debug_assert!(!self.slots[i].routable);
             self.slots.swap_remove(i);
             if let Some(moved) = self.slots.get(i) {
-                if let Some(n) = self.index.find_mut(self.hasher.hash_one(moved.record.id), |&n| n == last) {
-                    *n = i as u32;
-                }
+                self.index.renumber(&moved.record.id, last, i as u32);
                 let renumber = |list: &mut Vec<u32>| {
                     if let Some(s) = list.iter_mut().find(|s| **s == last) {
                         *s = i as u32;
@@ -656,7 +649,7 @@ impl Replica {
     /// The slot number of `id`'s record, if held.
     pub fn slot_number(&self, id: &NodeId) -> Option<u32> {
         let slots = &self.slots;
-        self.index.find(self.hasher.hash_one(id), |&n| slots[n as usize].record.id == *id).copied()
+        self.index.find(id, |m| slots.get(m as usize).map(|s| s.record.id))
     }
 
     /// Records refused because the GC watermark holds a later deletion of their node.

@@ -3,10 +3,7 @@
 //! and the probe order refers to members by slab number, so neither repeats the 16-byte id.
 
 use super::Member;
-use crate::id::NodeId;
-use core::hash::BuildHasher;
-use foldhash::fast::FixedState;
-use hashbrown::HashTable;
+use crate::id::{IdIndex, NodeId};
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -20,9 +17,13 @@ pub(super) struct Members {
     /// The entries; `None` where `free` lists a hole.
     slab: Vec<Option<Entry>>,
     free: Vec<u32>,
-    /// Slab numbers, found by the id in the entry.
-    index: HashTable<u32>,
-    hasher: FixedState,
+    /// Slab numbers by the id in the entry.
+    index: IdIndex,
+}
+
+/// The id in slab entry `n`, if it holds one.
+fn id_in(slab: &[Option<Entry>], n: u32) -> Option<NodeId> {
+    slab.get(n as usize)?.as_ref().map(|e| e.id)
 }
 
 impl Members {
@@ -32,8 +33,7 @@ impl Members {
 
     /// The slab number of `id`.
     pub(super) fn number(&self, id: &NodeId) -> Option<u32> {
-        let slab = &self.slab;
-        self.index.find(self.hasher.hash_one(id), |&n| slab[n as usize].as_ref().is_some_and(|e| e.id == *id)).copied()
+        self.index.find(id, |n| id_in(&self.slab, n))
     }
 
     pub(super) fn contains_key(&self, id: &NodeId) -> bool {
@@ -72,17 +72,15 @@ impl Members {
     pub(super) fn insert(&mut self, id: NodeId, member: Member) -> u32 {
         debug_assert!(!self.contains_key(&id));
         let n = crate::slab_insert(&mut self.slab, &mut self.free, Entry { id, member });
-        let (hasher, slab) = (&self.hasher, &self.slab);
-        let rehash = |&n: &u32| slab[n as usize].as_ref().map_or(0, |e| hasher.hash_one(e.id));
-        self.index.insert_unique(hasher.hash_one(id), n, rehash);
+        let slab = &self.slab;
+        self.index.insert(id, n, |m| id_in(slab, m));
         n
     }
 
     /// Removes `id`; returns the number it had.
     pub(super) fn remove(&mut self, id: &NodeId) -> Option<u32> {
         let slab = &self.slab;
-        let found = |&n: &u32| slab[n as usize].as_ref().is_some_and(|e| e.id == *id);
-        let (n, _) = self.index.find_entry(self.hasher.hash_one(id), found).ok()?.remove();
+        let n = self.index.remove(id, |m| id_in(slab, m))?;
         self.slab[n as usize] = None;
         self.free.push(n);
         Some(n)
