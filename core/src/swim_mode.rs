@@ -8,7 +8,9 @@
 //!   ping-req through helpers) and lets Lifeguard's suspicion decide who failed; a confirmed
 //!   failure marks the record DOWN in the same generation, a monotone mark of the lattice that
 //!   spreads like any change, and the failed node, should it still be alive, refutes it with a
-//!   new generation (the usual refute path);
+//!   new generation (the usual refute path). Nodes whose own probes of it failed confirm
+//!   first; the others wait the longest suspicion timeout for their mark instead of each
+//!   signing one ([`crate::swim`], point 4);
 //! - piggybacks updates on every probe datagram: the probe header first, then suspicions, then
 //!   records, each from its own [`BroadcastQueue`] (one item per node in each, so a suspicion
 //!   never replaces a record or the other way round), as many as fit below `max_datagram`;
