@@ -187,7 +187,7 @@ impl Suspicion {
     /// which the DOWN mark of a witness has normally reached it. Were every node to confirm at
     /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
     /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
-    fn deadline(&self) -> Time {
+    fn runs_out_at(&self) -> Time {
         if !self.witnessed {
             return self.started + self.max;
         }
@@ -823,7 +823,7 @@ impl Swim {
                 }
                 s.witnessed |= witness;
                 self.suspicions.remove(&(s.deadline, id));
-                s.deadline = s.deadline();
+                s.deadline = s.runs_out_at();
                 self.suspicions.insert((s.deadline, id));
                 if news {
                     Rumor::Spread
@@ -842,7 +842,7 @@ impl Swim {
                     suspecters: vec![from],
                     witnessed: witness,
                 };
-                suspicion.deadline = suspicion.deadline();
+                suspicion.deadline = suspicion.runs_out_at();
                 self.suspicions.insert((suspicion.deadline, id));
                 self.suspected.insert(id, suspicion);
                 self.events.push_back(Event::Suspect(id));
