@@ -168,10 +168,12 @@ pub enum Rumor {
     Drop,
 }
 
+/// A running suspicion. Its deadline is computed from the fields ([`Suspicion::deadline`]) and
+/// keys [`Swim::suspicions`], so the fields change only between taking the key out and putting
+/// it back.
 #[derive(Clone, Debug)]
 struct Suspicion {
     started: Time,
-    deadline: Time,
     min: Duration,
     max: Duration,
     expected: u32,
@@ -187,7 +189,7 @@ impl Suspicion {
     /// which the DOWN mark of a witness has normally reached it. Were every node to confirm at
     /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
     /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
-    fn runs_out_at(&self) -> Time {
+    fn deadline(&self) -> Time {
         if !self.witnessed {
             return self.started + self.max;
         }
@@ -816,15 +818,15 @@ impl Swim {
             Standing::Suspect => {
                 let Some(s) = self.suspected.get_mut(&id) else { return Rumor::Drop };
                 let news = !s.suspecters.contains(&from) && s.suspecters.len() <= s.expected as usize;
-                if news {
-                    s.suspecters.push(from);
-                } else if !witness || s.witnessed {
+                if !news && (!witness || s.witnessed) {
                     return Rumor::Drop;
                 }
+                self.suspicions.remove(&(s.deadline(), id));
+                if news {
+                    s.suspecters.push(from);
+                }
                 s.witnessed |= witness;
-                self.suspicions.remove(&(s.deadline, id));
-                s.deadline = s.runs_out_at();
-                self.suspicions.insert((s.deadline, id));
+                self.suspicions.insert((s.deadline(), id));
                 if news {
                     Rumor::Spread
                 } else {
@@ -833,17 +835,9 @@ impl Swim {
             }
             Standing::Alive => {
                 m.standing = Standing::Suspect;
-                let mut suspicion = Suspicion {
-                    started: now,
-                    deadline: now,
-                    min,
-                    max,
-                    expected,
-                    suspecters: vec![from],
-                    witnessed: witness,
-                };
-                suspicion.deadline = suspicion.runs_out_at();
-                self.suspicions.insert((suspicion.deadline, id));
+                let suspicion =
+                    Suspicion { started: now, min, max, expected, suspecters: vec![from], witnessed: witness };
+                self.suspicions.insert((suspicion.deadline(), id));
                 self.suspected.insert(id, suspicion);
                 self.events.push_back(Event::Suspect(id));
                 Rumor::Spread
@@ -854,7 +848,7 @@ impl Swim {
     /// Drops the suspicion of `id`, if any, with its deadline.
     fn lift_suspicion(&mut self, id: NodeId) {
         if let Some(s) = self.suspected.remove(&id) {
-            self.suspicions.remove(&(s.deadline, id));
+            self.suspicions.remove(&(s.deadline(), id));
         }
     }
 
@@ -1307,7 +1301,7 @@ mod tests {
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
             match self.members.get(&id).expect("a member").standing {
-                Standing::Suspect => self.suspected[&id].deadline,
+                Standing::Suspect => self.suspected[&id].deadline(),
                 _ => Time::NEVER,
             }
         }
@@ -1334,7 +1328,7 @@ mod tests {
                 .members
                 .iter()
                 .filter_map(|(id, m)| match m.standing {
-                    Standing::Suspect => Some((self.suspected.get(&id)?.deadline, id)),
+                    Standing::Suspect => Some((self.suspected.get(&id)?.deadline(), id)),
                     _ => None,
                 })
                 .collect();
