@@ -104,6 +104,13 @@ impl IdIndex {
         Some(entry.remove().0)
     }
 
+    /// Forgets `id`, which the owner holds at `n` (no need to look at the owner's table).
+    pub(crate) fn forget(&mut self, id: &NodeId, n: u32) {
+        if let Ok(entry) = self.table.find_entry(self.hasher.hash_one(id), |&m| m == n) {
+            entry.remove();
+        }
+    }
+
     /// The owner moved `id` from number `from` to `to`.
     pub(crate) fn renumber(&mut self, id: &NodeId, from: u32, to: u32) {
         if let Some(n) = self.table.find_mut(self.hasher.hash_one(id), |&n| n == from) {
@@ -130,7 +137,11 @@ mod tests {
         assert_eq!(ix.remove(&NodeId::from_u64(7), |m| at(&ids, m)), Some(7));
         ids.swap_remove(7);
         ix.renumber(&NodeId::from_u64(49), 49, 7);
-        assert_eq!((ix.len(), ix.find(&NodeId::from_u64(7), |m| at(&ids, m))), (49, None));
+        // Forgetting by number: the last one, whose number the owner knows.
+        ix.forget(&NodeId::from_u64(48), 48);
+        ids.pop();
+        assert_eq!((ix.len(), ix.find(&NodeId::from_u64(7), |m| at(&ids, m))), (48, None));
+        assert_eq!(ix.find(&NodeId::from_u64(48), |m| at(&ids, m)), None);
         for (n, id) in ids.iter().enumerate() {
             assert_eq!(ix.find(id, |m| at(&ids, m)), Some(n as u32), "{id:?}");
         }

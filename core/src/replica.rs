@@ -230,6 +230,11 @@ fn view_hash(r: &Record) -> u64 {
     FixedState::default().hash_one((r.id, r.generation, r.state, &r.models))
 }
 
+/// The id of the record in slot `n`, if there is one.
+fn id_in(slots: &[Slot], n: u32) -> Option<NodeId> {
+    slots.get(n as usize).map(|s| s.record.id)
+}
+
 impl Replica {
     /// A replica that holds the local node's own record, judging others dead after `dead_after`
     /// without a heartbeat advance.
@@ -348,7 +353,7 @@ impl Replica {
             crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
             let slots = &self.slots;
-            self.index.insert(id, n, |m| slots.get(m as usize).map(|s| s.record.id));
+            self.index.insert(id, n, |m| id_in(slots, m));
             if alive && id != self.local {
                 self.arm(self.slots.len() - 1);
             }
@@ -577,8 +582,7 @@ impl Replica {
             self.view ^= view_hash(&slot.record);
             self.deleted.insert(id, (generation, now));
             let last = (self.slots.len() - 1) as u32;
-            let slots = &self.slots;
-            self.index.remove(&id, |m| slots.get(m as usize).map(|s| s.record.id));
+            self.index.forget(&id, i as u32);
             let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
             list.retain(|&s| s != i as u32);
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
@@ -648,8 +652,7 @@ impl Replica {
 
     /// The slot number of `id`'s record, if held.
     pub fn slot_number(&self, id: &NodeId) -> Option<u32> {
-        let slots = &self.slots;
-        self.index.find(id, |m| slots.get(m as usize).map(|s| s.record.id))
+        self.index.find(id, |m| id_in(&self.slots, m))
     }
 
     /// Records refused because the GC watermark holds a later deletion of their node.
