@@ -518,13 +518,7 @@ impl Swim {
     pub fn on_timeout(&mut self, now: Time) {
         self.advance(now);
         let now = self.now;
-        while let Some(&(at, id)) = self.suspicions.first() {
-            if at > now {
-                break;
-            }
-            self.suspicions.pop_first();
-            self.confirm(id);
-        }
+        self.expire_suspicions();
         let mut i = 0;
         while i < self.relays.len() {
             if self.relays[i].nack_at <= now {
@@ -542,6 +536,20 @@ impl Swim {
         }
         if self.next_lease_check <= now {
             self.check_leases();
+        }
+        // A probe that failed just now may have made this node a witness of a suspicion old
+        // enough to have run out already: confirm it now rather than leave a past deadline.
+        self.expire_suspicions();
+    }
+
+    /// Confirms every suspicion whose deadline has come.
+    fn expire_suspicions(&mut self) {
+        while let Some(&(at, id)) = self.suspicions.first() {
+            if at > self.now {
+                break;
+            }
+            self.suspicions.pop_first();
+            self.confirm(id);
         }
     }
 
