@@ -33,7 +33,9 @@
 //! Drive it from the command line (`tela-sim run smoke-100 --seed 7 --report r.json --plot
 //! out/`) or from code. Two environment variables print more to stderr: `TELA_SIM_DEBUG` how
 //! replicas differ when a liveness phase fails, `TELA_SIM_TRACE` every tracked change with its
-//! spreading curve, datagrams and bytes by message kind, and the bandwidth every 5 s.
+//! spreading curve and, every 5 simulated seconds and for the whole run, datagrams and bytes by
+//! message kind, the records and suspicions they carried by kind, and the updates queued per
+//! node (`traffic.rs`: where the bytes of a partition's cut and heal go).
 //!
 //!
 //! ```
@@ -57,6 +59,7 @@ pub mod scenario;
 mod sim;
 mod spin;
 mod track;
+mod traffic;
 mod world;
 
 pub use report::Report;

@@ -34,8 +34,12 @@ pub struct Convergence {
     /// Time for a change to reach every node live at the change.
     #[serde(flatten)]
     pub latency: Percentiles,
-    /// Tracked changes that had not reached everyone after 120 s (or by the end).
+    /// Tracked changes that had not reached everyone after 120 s.
     pub incomplete: u64,
+    /// Tracked changes still spreading when the run ended (younger than 120 s).
+    pub pending_at_end: u64,
+    /// The age of the oldest of those at the end, in ms (0 when none).
+    pub oldest_pending_ms: f64,
     /// Serf's logistic estimate for 99.99% of nodes, for this size, fanout, interval and loss.
     pub serf_bound_ms: f64,
     /// The same for the changes that began once the federation had formed (a minute after the
@@ -58,8 +62,16 @@ pub struct Detection {
     /// Gateways that stopped routing to a victim at their connection's idle timeout, before
     /// their registry marked it.
     pub by_connection: u64,
-    /// Kills whose detection had not completed after 120 s (or by the end).
+    /// Kills whose detection had not completed after 120 s.
     pub incomplete: u64,
+    /// Kills whose victim restarted before every node that routed to it had stopped (a node
+    /// that learns of the new process first never marks the old one unroutable); not in the
+    /// figures above.
+    pub restarted_first: u64,
+    /// Kills some node still routed to when the run ended (younger than 120 s).
+    pub pending_at_end: u64,
+    /// The age of the oldest of those at the end, in ms (0 when none).
+    pub oldest_pending_ms: f64,
     /// Times a node marked a live, serving node unroutable (a node marking itself as it drains,
     /// and nodes an active partition separates, aside).
     pub false_unroutable: u64,
@@ -268,6 +280,14 @@ pub fn serf_rounds(n: f64, fanout: f64, loss: f64, target: f64) -> f64 {
     ((n + 1.0) * target / (1.0 - target)).ln() / contact
 }
 
+/// ", 3 still pending at the end, the oldest 41000 ms old", or nothing when none were.
+fn pending(count: u64, oldest_ms: f64) -> String {
+    if count == 0 {
+        return String::new();
+    }
+    format!(", {count} still pending at the end, the oldest {oldest_ms:.0} ms old")
+}
+
 /// Resident memory now, in MB (Linux; 0 elsewhere).
 pub fn current_rss_mb() -> u64 {
     proc_status_kb("VmRSS:") / 1024
@@ -310,6 +330,8 @@ impl Report {
         }
         let drain_unfinished = t.drain_in_flight.saturating_sub(t.drain_completed + t.drain_failed);
         let answered = t.drain_completed + t.drain_failed;
+        let changes_pending = t.changes_pending(sim.now);
+        let detections_pending = t.detections_pending(sim.now);
         Report {
             scenario: sim.sc.name.clone(),
             nodes,
@@ -330,6 +352,8 @@ impl Report {
             convergence: Convergence {
                 latency: Percentiles::of(t.convergence_ms.clone()),
                 incomplete: t.convergence_incomplete,
+                pending_at_end: changes_pending.0,
+                oldest_pending_ms: changes_pending.1,
                 serf_bound_ms: serf_ms,
                 settled: Percentiles::of(t.convergence_settled_ms.clone()),
             },
@@ -339,6 +363,9 @@ impl Report {
                 gateways_registry: Percentiles::of(t.detection_gateway_registry_ms.clone()),
                 by_connection: t.detection_by_connection,
                 incomplete: t.detection_incomplete,
+                restarted_first: t.detection_restarted_first,
+                pending_at_end: detections_pending.0,
+                oldest_pending_ms: detections_pending.1,
                 false_unroutable: t.false_unroutable,
                 false_down,
                 marks_signed,
@@ -404,8 +431,8 @@ impl Report {
         format!(
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
-             convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
-             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
+             convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete{cpend}); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}\n\
+             detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete, {drst} restarted first{dpend}); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
              requests: {sent} sent, {done} completed, {failed} failed ({nocap} no capacity, {mid} mid-stream), {retries} retries, {unf} unfinished\n\
              {drain}\n\
              jobs: {pre} preemptions ({pre_s} scheduled), {pkill} killed after the grace period, {wkill} killed at the walltime, {exits} clean exits\n\
@@ -436,6 +463,7 @@ impl Report {
             c100 = c.latency.p100_ms,
             cn = c.latency.count,
             cinc = c.incomplete,
+            cpend = pending(c.pending_at_end, c.oldest_pending_ms),
             s50 = c.settled.p50_ms,
             s99 = c.settled.p99_ms,
             sn = c.settled.count,
@@ -447,6 +475,8 @@ impl Report {
             byc = d.by_connection,
             r100 = d.gateways_registry.p100_ms,
             dinc = d.incomplete,
+            drst = d.restarted_first,
+            dpend = pending(d.pending_at_end, d.oldest_pending_ms),
             fu = d.false_unroutable,
             fd = d.false_down,
             dm = d.marks_signed,

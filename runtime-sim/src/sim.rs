@@ -360,9 +360,7 @@ impl Sim {
         }
         self.now = self.now.min(self.end);
         if self.t.tracing {
-            for (tag, (n, bytes)) in self.t.by_tag.iter().enumerate().filter(|(_, e)| e.0 > 0) {
-                eprintln!("tag {tag}: {n} datagrams, {bytes} bytes");
-            }
+            eprintln!("{}", self.t.traffic.totals());
             let per_node: Vec<u64> = self.t.per_second.iter().step_by(5).map(|b| b / self.hosts.len() as u64).collect();
             eprintln!("bytes/s per node every 5 s: {per_node:?}");
         }
@@ -492,10 +490,7 @@ impl Sim {
         }
         self.t.on_send(self.now, len);
         if self.t.tracing {
-            let tag = payload.get(1).copied().unwrap_or(255) as usize;
-            let e = &mut self.t.by_tag[tag.min(15)];
-            e.0 += 1;
-            e.1 += len as u64;
+            self.t.traffic.on_datagram(&payload);
         }
         let to = host_of(&to);
         if to as usize >= self.hosts.len() {
@@ -691,6 +686,20 @@ impl Sim {
         }
         crate::liar::tick(self);
         if self.t.seconds % 5 == 0 {
+            if self.t.tracing {
+                let running = || self.hosts.iter().filter_map(|h| h.node.as_ref());
+                let nodes = running().count();
+                let (records, suspicions) =
+                    running().filter_map(|n| n.swim_queued()).fold((0, 0), |(r, s), (qr, qs)| (r + qr, s + qs));
+                let per = nodes.max(1) as f64;
+                eprintln!(
+                    "at {} s, queued per node: {:.1} records, {:.1} suspicions; {}",
+                    self.t.seconds,
+                    records as f64 / per,
+                    suspicions as f64 / per,
+                    self.t.traffic.window(nodes, 5)
+                );
+            }
             let rss = crate::report::current_rss_mb();
             if rss > self.limits.max_rss_mb {
                 self.aborted =

@@ -154,14 +154,16 @@ pub(crate) struct Trackers {
     /// their registry said so.
     pub detection_by_connection: u64,
     pub detection_incomplete: u64,
+    /// Kills whose victim restarted before every node had stopped routing to it.
+    pub detection_restarted_first: u64,
     pub false_unroutable: u64,
     watched: Vec<u32>,
     watched_last: Vec<Option<Version>>,
     own_last: Vec<Option<(u64, Lifecycle)>>,
     pub liveness_started: Option<Micros>,
     pub liveness_converged: Option<Micros>,
-    /// Datagrams and bytes by message tag (with TELA_SIM_TRACE).
-    pub by_tag: [(u64, u64); 16],
+    /// What the datagrams carried (with TELA_SIM_TRACE).
+    pub traffic: crate::traffic::Traffic,
     /// `TELA_SIM_TRACE` is set: read once when the run starts, not on every datagram.
     pub tracing: bool,
 }
@@ -186,11 +188,30 @@ impl Trackers {
         self.detection_incomplete += late as u64;
     }
 
+    /// Changes still spreading: how many, and the age of the oldest at `now` (ms).
+    pub fn changes_pending(&self, now: Micros) -> (u64, f64) {
+        let oldest = self.changes.iter().map(|c| now - c.t0).max().unwrap_or(0);
+        (self.changes.len() as u64, oldest as f64 / 1e3)
+    }
+
+    /// Kills some node still routes to: how many, and the age of the oldest at `now` (ms).
+    pub fn detections_pending(&self, now: Micros) -> (u64, f64) {
+        let pending = self.detections.iter().filter(|d| !d.routed_around);
+        let (count, oldest) = pending.fold((0, 0), |(n, age), d| (n + 1, age.max(now - d.t0)));
+        (count, oldest as f64 / 1e3)
+    }
+
     pub fn on_host_started(&mut self, h: u32) {
         let n = h as usize + 1;
         if self.own_last.len() < n {
             self.own_last.resize(n, None);
         }
+        // A killed node that comes back before everyone stopped routing to it ends its
+        // detection: a node that learns of the new process first never marks the old one
+        // unroutable, and routing to the new one is right.
+        let before = self.detections.len();
+        self.detections.retain(|d| d.victim != h || d.routed_around);
+        self.detection_restarted_first += (before - self.detections.len()) as u64;
     }
 
     /// A process ended: it no longer has to learn anything, and its next replica starts empty.
