@@ -5,6 +5,15 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tela_sim::{replay_command, Limits, Scenario, Sim};
 
+/// Prints a line to stdout, or nothing once stdout is gone: `tela-sim run … | head -1` must
+/// still write its report and exit with the run's status (`println!` panics on a closed pipe).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[derive(Parser)]
 #[command(name = "tela-sim", about = "Deterministic simulator of Tela federations (the protocol core at scale)")]
 struct Cli {
@@ -71,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::List => {
             for n in tela_sim::scenario::known_scenarios() {
                 let sc = Scenario::load(&n)?;
-                println!("{n:<20} {}", sc.description);
+                say!("{n:<20} {}", sc.description);
             }
             Ok(())
         }
@@ -79,19 +88,19 @@ fn main() -> anyhow::Result<()> {
             let sc = Scenario::load(&scenario)?;
             let name = sc.name.clone();
             let r = Sim::new(sc, seed, swarm, limits.limits()).run();
-            println!("{}", r.summary());
+            say!("{}", r.summary());
             if let Some(path) = report {
                 let json = serde_json::to_string_pretty(&r)?;
                 std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
-                println!("report: {}", path.display());
+                say!("report: {}", path.display());
             }
             if let Some(dir) = plot {
                 for p in tela_sim::plot::write(&r, &dir).map_err(anyhow::Error::msg)? {
-                    println!("plot: {}", p.display());
+                    say!("plot: {}", p.display());
                 }
             }
             if !r.passed() {
-                println!("replay: {}", replay_command(&scenario, seed, swarm));
+                say!("replay: {}", replay_command(&scenario, seed, swarm));
                 bail!("{name} seed {seed} failed");
             }
             Ok(())
@@ -102,13 +111,13 @@ fn main() -> anyhow::Result<()> {
                 let r = Sim::new(base.clone(), seed, true, limits.limits()).run();
                 let first = r.summary().lines().next().unwrap_or_default().to_string();
                 if !r.passed() {
-                    println!("{}", r.summary());
-                    println!("replay: {}", replay_command(&scenario, seed, true));
+                    say!("{}", r.summary());
+                    say!("replay: {}", replay_command(&scenario, seed, true));
                     bail!("{} seed {seed} failed", base.name);
                 }
-                println!("ok   {first}");
+                say!("ok   {first}");
             }
-            println!("{seeds} seeds of {} passed", base.name);
+            say!("{seeds} seeds of {} passed", base.name);
             Ok(())
         }
     }
