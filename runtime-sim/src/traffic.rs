@@ -14,20 +14,12 @@ use tela_core::{Lifecycle, Record};
 
 /// Message tags counted (the wire's tags are below this).
 const TAGS: usize = 16;
-/// Kinds of item counted: see [`Item`].
+/// Kinds of item counted: records piggybacked by [`kind_of`], suspicions, records transferred
+/// by [`kind_of`].
 const ITEMS: usize = 7;
-
-/// What one counted item is.
-#[derive(Clone, Copy)]
-enum Item {
-    PiggyMarked,
-    PiggyLeft,
-    PiggyOther,
-    Suspect,
-    TransferMarked,
-    TransferLeft,
-    TransferOther,
-}
+const PIGGYBACKED: usize = 0;
+const SUSPICIONS: usize = 3;
+const TRANSFERRED: usize = 4;
 
 const ITEM_NAMES: [&str; ITEMS] = [
     "piggybacked records marked DOWN",
@@ -79,25 +71,17 @@ impl Traffic {
         };
         if let Message::Records(records) = &message {
             for r in records {
-                let kind = match kind_of(r) {
-                    Kind::Marked => Item::TransferMarked,
-                    Kind::Left => Item::TransferLeft,
-                    Kind::Other => Item::TransferOther,
-                };
-                self.items[kind as usize].add(postcard_len(r));
+                // A record's bytes in a message: as a piggybacked item, less the item's tag.
+                let bytes = wire::encode_piggyback(&Piggyback::Record(r.clone())).len() - 1;
+                self.items[TRANSFERRED + kind_of(r)].add(bytes);
             }
         }
         for p in message.piggyback() {
-            let bytes = wire::encode_piggyback(p).len();
-            let kind = match p {
-                Piggyback::Suspect { .. } => Item::Suspect,
-                Piggyback::Record(r) => match kind_of(r) {
-                    Kind::Marked => Item::PiggyMarked,
-                    Kind::Left => Item::PiggyLeft,
-                    Kind::Other => Item::PiggyOther,
-                },
+            let item = match p {
+                Piggyback::Suspect { .. } => SUSPICIONS,
+                Piggyback::Record(r) => PIGGYBACKED + kind_of(r),
             };
-            self.items[kind as usize].add(bytes);
+            self.items[item].add(wire::encode_piggyback(p).len());
         }
     }
 
@@ -108,20 +92,23 @@ impl Traffic {
         self.window_tags = self.tags;
         self.window_items = self.items;
         let per = (nodes.max(1) as u64 * seconds.max(1)) as f64;
-        format!("datagrams per node per s: {}", lines(&tags, &items, per))
+        format!("datagrams per node per s: {}", lines(&tags, &items, Some(per)))
     }
 
     /// The lines for the whole run.
     pub fn totals(&self) -> String {
         let tags: Vec<(usize, Tally)> = self.tags.iter().copied().enumerate().collect();
         let items: Vec<(usize, Tally)> = self.items.iter().copied().enumerate().collect();
-        format!("datagrams in all ({} did not decode): {}", self.undecoded, lines(&tags, &items, 1.0))
+        format!("datagrams in all ({} did not decode): {}", self.undecoded, lines(&tags, &items, None))
     }
 }
 
-/// One line of tags, one of items, each count and bytes divided by `per`.
-fn lines(tags: &[(usize, Tally)], items: &[(usize, Tally)], per: f64) -> String {
-    let fmt = |t: Tally| format!("{:.1} ({:.0} B)", t.count as f64 / per, t.bytes as f64 / per);
+/// One line of tags, one of items, each count and bytes divided by `per`, if given.
+fn lines(tags: &[(usize, Tally)], items: &[(usize, Tally)], per: Option<f64>) -> String {
+    let fmt = |t: Tally| match per {
+        Some(per) => format!("{:.1} ({:.0} B)", t.count as f64 / per, t.bytes as f64 / per),
+        None => format!("{} ({} B)", t.count, t.bytes),
+    };
     let tags: Vec<String> =
         tags.iter().filter(|(_, t)| t.count > 0).map(|&(tag, t)| format!("tag {tag} {}", fmt(t))).collect();
     let items: Vec<String> =
@@ -129,23 +116,55 @@ fn lines(tags: &[(usize, Tally)], items: &[(usize, Tally)], per: f64) -> String 
     format!("{}\n  items: {}", tags.join(", "), items.join(", "))
 }
 
-enum Kind {
-    Marked,
-    Left,
-    Other,
-}
-
-fn kind_of(r: &Record) -> Kind {
+/// 0 for a record with a DOWN mark by another node, 1 for a LEFT record, 2 for any other (an
+/// owner's change, or a new generation: how a node refutes a DOWN mark).
+fn kind_of(r: &Record) -> usize {
     if r.down_mark().is_some() {
-        Kind::Marked
+        0
     } else if r.state == Lifecycle::Left {
-        Kind::Left
+        1
     } else {
-        Kind::Other
+        2
     }
 }
 
-/// Bytes `r` takes in a message: as a piggybacked item, less the item's one-byte tag.
-fn postcard_len(r: &Record) -> usize {
-    wire::encode_piggyback(&Piggyback::Record(r.clone())).len() - 1
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tela_core::{Hardware, NodeId, Reachability, Role};
+
+    fn record(n: u64, state: Lifecycle) -> Record {
+        let mut r = Record::new(NodeId::from_u64(n), 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
+        r.state = state;
+        r
+    }
+
+    #[test]
+    fn counts_datagrams_by_tag_and_items_by_kind_per_window() {
+        let mut t = Traffic::default();
+        let suspect =
+            Piggyback::Suspect { id: NodeId::from_u64(1), generation: 1, heartbeat: 0, from: NodeId::from_u64(2) };
+        let gossip = wire::encode_unbounded(&Message::Gossip(vec![
+            suspect.clone(),
+            Piggyback::Record(record(3, Lifecycle::Serve)),
+        ]));
+        let transfer =
+            wire::encode_unbounded(&Message::Records(vec![record(4, Lifecycle::Left), record(5, Lifecycle::Join)]));
+        t.on_datagram(&gossip);
+        t.on_datagram(&transfer);
+        t.on_datagram(&[0xff]);
+        assert_eq!(t.tags[usize::from(gossip[1])], Tally { count: 1, bytes: gossip.len() as u64 });
+        assert_eq!(t.tags[usize::from(transfer[1])].count, 1);
+        assert_eq!(t.undecoded, 1);
+        let counts: Vec<u64> = t.items.iter().map(|i| i.count).collect();
+        assert_eq!(counts, [0, 0, 1, 1, 0, 1, 1]);
+        assert_eq!(t.items[SUSPICIONS].bytes, wire::encode_piggyback(&suspect).len() as u64);
+        // Two nodes over one second: halves; the next window starts empty.
+        let first = t.window(2, 1);
+        assert!(first.contains("suspicions 0.5"), "{first}");
+        t.on_datagram(&gossip);
+        let second = t.window(2, 1);
+        assert!(second.contains("suspicions 0.5") && !second.contains("transferred"), "{second}");
+        assert!(t.totals().contains("suspicions 2 ("), "{}", t.totals());
+    }
 }
