@@ -14,6 +14,20 @@ use tela_core::{Lifecycle, Record};
 
 /// Message tags counted (the wire's tags are below this).
 const TAGS: usize = 16;
+/// The wire's message kinds by tag, as [`Message`] orders its variants.
+const TAG_NAMES: [&str; 11] = [
+    "Digest",
+    "Records",
+    "Want",
+    "DigestReply",
+    "Ping",
+    "PingReq",
+    "Ack",
+    "Nack",
+    "Gossip",
+    "Buckets",
+    "BucketEntries",
+];
 /// Kinds of item counted: records piggybacked by [`kind_of`], suspicions, records transferred
 /// by [`kind_of`].
 const ITEMS: usize = 7;
@@ -109,8 +123,9 @@ fn lines(tags: &[(usize, Tally)], items: &[(usize, Tally)], per: Option<f64>) ->
         Some(per) => format!("{:.1} ({:.0} B)", t.count as f64 / per, t.bytes as f64 / per),
         None => format!("{} ({} B)", t.count, t.bytes),
     };
+    let name = |tag: usize| TAG_NAMES.get(tag).map_or_else(|| format!("tag {tag}"), |n| (*n).to_string());
     let tags: Vec<String> =
-        tags.iter().filter(|(_, t)| t.count > 0).map(|&(tag, t)| format!("tag {tag} {}", fmt(t))).collect();
+        tags.iter().filter(|(_, t)| t.count > 0).map(|&(tag, t)| format!("{} {}", name(tag), fmt(t))).collect();
     let items: Vec<String> =
         items.iter().filter(|(_, t)| t.count > 0).map(|&(i, t)| format!("{} {}", ITEM_NAMES[i], fmt(t))).collect();
     format!("{}\n  items: {}", tags.join(", "), items.join(", "))
@@ -166,5 +181,6 @@ mod tests {
         let second = t.window(2, 1);
         assert!(second.contains("suspicions 0.5") && !second.contains("transferred"), "{second}");
         assert!(t.totals().contains("suspicions 2 ("), "{}", t.totals());
+        assert!(t.totals().contains("Gossip 2 (") && t.totals().contains("Records 1 ("), "{}", t.totals());
     }
 }
