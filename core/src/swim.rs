@@ -1178,6 +1178,36 @@ mod tests {
     }
 
     #[test]
+    fn a_witness_whose_shortened_timeout_has_passed_confirms_in_the_same_timeout() {
+        // A rumor heard at 1 s waits `max`; our own pings are answered until `min` has passed,
+        // then not. The probe that fails then makes us a witness whose timeout, `min` (one
+        // member, so no confirmations are expected), ran out already: the same `on_timeout`
+        // confirms it, and no deadline is left in the past.
+        let mut s = swim(1);
+        let (min, max) = config().suspicion_bounds(s.cluster_size());
+        let heard = Time::from_secs(1);
+        assert_eq!(s.on_suspect_gossip(heard, id(1), 0, id(9)), Rumor::Spread);
+        let mut confirmed = None;
+        while confirmed.is_none() && s.next_deadline() < heard + max {
+            let now = s.next_deadline();
+            s.on_timeout(now);
+            assert!(s.next_deadline() > now, "deadline {} left at {now}", s.next_deadline());
+            for a in actions(&mut s) {
+                if let Action::SendPing { to, seq } = a {
+                    if now < heard + min {
+                        s.on_ack(now, to, seq);
+                    }
+                }
+            }
+            if events(&mut s).contains(&Event::Confirm(id(1))) {
+                confirmed = Some(now);
+            }
+        }
+        let at = confirmed.expect("never confirmed");
+        assert!(at > heard + min && at < heard + max, "confirmed at {at}");
+    }
+
+    #[test]
     fn vouched_members_are_not_suspected_until_the_voucher_goes() {
         let mut s = swim(3);
         s.add_member(Time::ZERO, id(10), 0, false);
