@@ -15,6 +15,8 @@
 //!   with high probability, and is then forgotten;
 //! - at most `capacity` items are held; when full, the most-sent item makes room (it has had the
 //!   most chances to spread already).
+//! - an item may take fewer bytes after its first sends ([`Update::encoded_len`] is given its
+//!   send count): a [`RecordUpdate`] is announced by version once pushed whole a few times.
 //!
 //! Every operation is `O(log m)` for `m` queued items: each item is stored once in a slab, the
 //! send order is a B-tree map from `(sends, newest first)` to slab numbers, and a hash index
@@ -47,28 +49,52 @@ pub trait Update {
     /// True if `self` already carries everything `other` (same key) does, so `other` is
     /// redundant. Must be reflexive: an update covers an equal one.
     fn covers(&self, other: &Self) -> bool;
-    /// Bytes the update takes in a datagram.
-    fn encoded_len(&self) -> usize;
+    /// Bytes the update takes in a datagram when it has been handed out `sends` times before
+    /// (an update may travel in a shorter form once it has spread a little).
+    fn encoded_len(&self, sends: u32) -> usize;
 }
 
 /// A record with its postcard encoding, ready to be appended to a datagram.
+///
+/// Pushed whole for its first `eager` sends, then announced by version only
+/// ([`crate::wire::Piggyback::Have`]): by then most receivers hold it, and the few that do
+/// not fetch it from whoever announced it (Plumtree's eager and lazy push).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordUpdate {
     record: SharedRecord,
     encoded: Bytes,
+    eager: u32,
+    announce_len: u8,
 }
 
 impl RecordUpdate {
-    /// Encodes `record` once for all the datagrams it will ride on.
+    /// Encodes `record` once for all the datagrams it will ride on, always sent whole.
     pub fn new(record: SharedRecord) -> Result<RecordUpdate, postcard::Error> {
         let encoded = Bytes::from(postcard::to_allocvec(&*record)?);
-        Ok(RecordUpdate { record, encoded })
+        Ok(RecordUpdate::with_encoding(record, encoded, u32::MAX))
     }
 
     /// `record` with the bytes it takes in a datagram already made, when the datagram frames
-    /// it differently from a bare record (Swim mode's piggyback items carry a variant index).
-    pub(crate) fn with_encoding(record: SharedRecord, encoded: Bytes) -> RecordUpdate {
-        RecordUpdate { record, encoded }
+    /// it differently from a bare record (Swim mode's piggyback items carry a variant index),
+    /// sent whole `eager` times and announced after that.
+    pub(crate) fn with_encoding(record: SharedRecord, encoded: Bytes, eager: u32) -> RecordUpdate {
+        let len = postcard::experimental::serialized_size(&crate::wire::Piggyback::Have {
+            id: record.id,
+            version: record.version(),
+        });
+        // At most 38 bytes: a tag, an id, two varints and a state.
+        let announce_len = u8::try_from(len.unwrap_or(usize::MAX)).unwrap_or(u8::MAX);
+        RecordUpdate { record, encoded, eager, announce_len }
+    }
+
+    /// True if the update goes whole after `sends` sends, false if it is only announced.
+    pub fn is_eager(&self, sends: u32) -> bool {
+        sends < self.eager
+    }
+
+    /// The announcement of the record: its id and version.
+    pub fn announcement(&self) -> crate::wire::Piggyback {
+        crate::wire::Piggyback::Have { id: self.record.id, version: self.record.version() }
     }
 
     /// The record.
@@ -91,8 +117,12 @@ impl Update for RecordUpdate {
         self.record.dominates(&other.record)
     }
 
-    fn encoded_len(&self) -> usize {
-        self.encoded.len()
+    fn encoded_len(&self, sends: u32) -> usize {
+        if self.is_eager(sends) {
+            self.encoded.len()
+        } else {
+            usize::from(self.announce_len)
+        }
     }
 }
 
@@ -216,12 +246,13 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// Picks updates to piggyback into `budget` free bytes of a datagram, fewest-sent first and
     /// newest first among equals, skipping any that no longer fit; calls `take` with each in that
-    /// order and returns the bytes they use (never more than `budget`).
+    /// order, with the times it was handed out before, and returns the bytes they use (never
+    /// more than `budget`).
     ///
     /// Each picked item counts one transmission; an item that reaches the limit for
     /// `cluster_size` nodes leaves the queue. Items already over the limit (the cluster shrank)
     /// are dropped without being sent.
-    pub fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T)) -> usize {
+    pub fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T, u32)) -> usize {
         let limit = self.transmit_limit(cluster_size);
         while let Some((&(sends, _), &at)) = self.order.last_key_value() {
             if sends < limit {
@@ -238,14 +269,14 @@ impl<T: Update> BroadcastQueue<T> {
                 break;
             }
             let Some(e) = self.slab[at as usize].as_ref() else { continue };
-            let len = e.item.encoded_len();
+            let len = e.item.encoded_len(e.sends);
             if len > budget - used {
                 skips += 1;
                 continue;
             }
             skips = 0;
             used += len;
-            take(&e.item);
+            take(&e.item, e.sends);
             picked.push((*rank, at));
         }
         for ((sends, seq), at) in picked {
@@ -380,7 +411,7 @@ mod tests {
         fn covers(&self, other: &Self) -> bool {
             self.version >= other.version
         }
-        fn encoded_len(&self) -> usize {
+        fn encoded_len(&self, _sends: u32) -> usize {
             self.len
         }
     }
@@ -391,7 +422,7 @@ mod tests {
 
     fn fill_all(q: &mut BroadcastQueue<Up>, budget: usize, n: usize) -> Vec<Up> {
         let mut out = Vec::new();
-        q.fill(budget, n, |u| out.push(u.clone()));
+        q.fill(budget, n, |u, _| out.push(u.clone()));
         out
     }
 
@@ -510,7 +541,14 @@ mod tests {
         let a = RecordUpdate::new(Arc::new(r.clone())).unwrap();
         let b = RecordUpdate::new(Arc::new(down)).unwrap();
         assert_eq!(postcard::from_bytes::<Record>(a.encoded()).unwrap(), r);
-        assert_eq!(a.encoded_len(), a.encoded().len());
+        assert_eq!(a.encoded_len(0), a.encoded().len());
+        assert!(a.is_eager(1_000_000), "RecordUpdate::new always sends the whole record");
+        let lazy = RecordUpdate::with_encoding(a.record().clone(), a.encoded().clone(), 2);
+        assert!(lazy.is_eager(1) && !lazy.is_eager(2));
+        assert_eq!(lazy.encoded_len(1), a.encoded().len());
+        let announced = crate::wire::encode_piggyback(&lazy.announcement());
+        assert_eq!(lazy.encoded_len(2), announced.len(), "the budget counts the announcement's bytes");
+        assert!(announced.len() * 4 < a.encoded().len(), "{} vs {} bytes", announced.len(), a.encoded().len());
         let mut q = BroadcastQueue::new(2.0, 4);
         assert_eq!(q.push(b.clone()), Queued::Added);
         assert_eq!(q.push(a.clone()), Queued::Stale);

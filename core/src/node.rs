@@ -145,6 +145,9 @@ impl Config {
             if s.gossip_fanout == 0 {
                 return Err(ConfigError::ZeroFanout);
             }
+            if s.eager_sends == 0 {
+                return Err(ConfigError::ZeroEagerSends);
+            }
         }
         Ok(())
     }
@@ -170,6 +173,9 @@ pub enum ConfigError {
     /// Nobody to gossip with.
     #[error("fanout must be at least 1")]
     ZeroFanout,
+    /// Records would only ever be announced, never pushed.
+    #[error("swim eager_sends must be at least 1")]
+    ZeroEagerSends,
     /// Tombstones would be deleted before anti-entropy could spread them.
     #[error("swim tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
     TombstoneTtl {
@@ -309,6 +315,8 @@ pub struct Stats {
     pub syncs_answered: u64,
     /// Records this node sent or asked for in anti-entropy exchanges it started.
     pub syncs_records: u64,
+    /// Records asked for after an announcement that this replica lacked them (Swim mode).
+    pub records_fetched: u64,
     /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
     pub records_forged: u64,
     /// Records refused because of a DOWN mark that its confirmer did not sign, or a state that

@@ -77,6 +77,7 @@ impl Node {
             Message::BucketEntries { count, complete, entries } => {
                 self.on_bucket_entries(from, count, &complete, &entries)
             }
+            Message::Fetch(ids) => self.on_fetch(from, &ids),
             swim @ (Message::Ping { .. }
             | Message::PingReq { .. }
             | Message::Ack { .. }

@@ -13,7 +13,7 @@
 //! can still be listed.
 
 use crate::id::{IdIndex, NodeId};
-use crate::record::{Lifecycle, Record, Role, SharedRecord};
+use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
 use crate::time::Time;
 use core::time::Duration;
 use foldhash::fast::FixedState;
@@ -307,6 +307,15 @@ impl Replica {
     /// What is known about `id`.
     pub fn get(&self, id: &NodeId) -> Option<&Slot> {
         self.position(id).map(|i| &self.slots[i])
+    }
+
+    /// True if a record of `id` at `version` would add to what this replica holds: it holds an
+    /// older version, or none and the GC watermark would not refuse it.
+    pub fn lacks(&self, id: &NodeId, version: &Version) -> bool {
+        match self.get(id) {
+            Some(slot) => !slot.record.version().covers(version),
+            None => !self.deleted.get(id).is_some_and(|(generation, _)| version.generation <= *generation),
+        }
     }
 
     /// The position of `id`'s slot in [`Replica::slots`].

@@ -19,6 +19,13 @@
 //!   news to everyone else). The heartbeat is no longer bumped on a timer; it moves with the owner's changes and
 //!   with refutations, so within a generation it is the SWIM incarnation. A suspected node
 //!   refutes by bumping its heartbeat above the suspected one and spreading its record;
+//! - pushes each record whole for its first `eager_sends` sends only, then announces it by id
+//!   and version ([`Piggyback::Have`], ~23 bytes against ~160) for the rest of its sends
+//!   (Plumtree's eager and lazy push, without the tree): by then nearly every node holds it,
+//!   and each further whole copy would be a duplicate. A node that lacks an announced record
+//!   asks the announcer for it ([`Message::Fetch`], answered with gossip of the records, which
+//!   the node then spreads like any news), and if no answer comes within 250 ms the
+//!   next node that announced it;
 //! - sends a piggyback-only [`Message::Gossip`] to `gossip_fanout` random peers every
 //!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
 //!   probes (and the anti-entropy below) alone. Nobody but its anchors can send to an
@@ -76,13 +83,15 @@
 use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
 use crate::id::NodeId;
 use crate::node::Node;
-use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
+use crate::record::{Lifecycle, Reachability, Record, SharedRecord, Version};
 use crate::swim::{Action, Event as SwimEvent, Rumor, Swim, SwimConfig};
 use crate::time::Time;
 use crate::timer::Timer;
-use crate::wire::{Message, Piggyback, ProbeBuilder};
+use crate::wire::{Builder, Message, Piggyback, ProbeBuilder};
 use bytes::Bytes;
 use core::time::Duration;
+use foldhash::fast::FixedState;
+use hashbrown::HashMap;
 use std::collections::BTreeSet;
 
 /// Running suspicions repeated on each ping, besides the queue's items: a node that missed a
@@ -93,6 +102,18 @@ const SUSPICIONS_PER_PING: usize = 2;
 /// a suspect that does not hear of its suspicion cannot refute it.
 const NOTICE_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_NOTICES: usize = 4;
+/// How long a fetch waits for its answer before the record is asked of the next announcer: a
+/// few round trips. The announcements of one record all come within a few hundred
+/// milliseconds, so a lost fetch or answer is retried on this timer, not on the next
+/// announcement.
+const FETCH_RETRY: Duration = Duration::from_millis(250);
+/// Announcers remembered per record being fetched, besides the one asked.
+const FALLBACK_ANNOUNCERS: usize = 2;
+/// Most records fetched at once; announcements beyond it wait for anti-entropy.
+const MAX_FETCHING: usize = 1024;
+/// Most datagrams that answer one [`Message::Fetch`]: a fetch names what one datagram of
+/// announcements held, and its answer must not be a large multiple of its size.
+const MAX_FETCH_ANSWERS: usize = 2;
 
 /// How a node spreads records and judges liveness.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -118,6 +139,11 @@ pub struct SwimSettings {
     /// each record `lambda · ceil(log10(n + 1))` times (memberlist's limit: records are large,
     /// and anti-entropy repairs what the epidemic misses).
     pub retransmit_mult: u32,
+    /// Times a record is pushed whole before it is only announced by version
+    /// ([`Piggyback::Have`]); a receiver that lacks an announced record fetches it from the
+    /// announcer ([`Message::Fetch`]). Of a record's `lambda · ceil(log10(n + 1))` sends, the
+    /// first few reach most nodes for the first time and the rest mostly nodes that hold it.
+    pub eager_sends: u32,
     /// Most updates each broadcast queue holds.
     pub queue_capacity: usize,
     /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
@@ -144,6 +170,7 @@ impl Default for SwimSettings {
             gossip_interval: Duration::from_millis(200),
             gossip_fanout: 3,
             retransmit_mult: 4,
+            eager_sends: 4,
             queue_capacity: 4096,
             anti_entropy_interval: Duration::from_secs(10),
             outbound_anti_entropy_interval: Duration::from_secs(2),
@@ -190,7 +217,7 @@ impl Update for QueuedSuspicion {
             || ((self.generation, self.heartbeat) == (other.generation, other.heartbeat) && self.from == other.from)
     }
 
-    fn encoded_len(&self) -> usize {
+    fn encoded_len(&self, _sends: u32) -> usize {
         usize::from(self.encoded_len)
     }
 }
@@ -208,6 +235,19 @@ pub(crate) struct SwimState {
     next_notice: Time,
     /// Nodes held DOWN that were sent their DOWN record, and when; pruned as it grows.
     told_down: Vec<(NodeId, Time)>,
+    /// Records being fetched after an announcement, by node.
+    fetching: HashMap<NodeId, Fetching, FixedState>,
+}
+
+/// A record asked for after an announcement, until it arrives or no announcer is left to ask.
+#[derive(Clone, Debug)]
+struct Fetching {
+    /// The latest version announced.
+    version: Version,
+    /// When it was last asked for.
+    asked: Time,
+    /// Other nodes that announced it, asked in turn if no answer comes within [`FETCH_RETRY`].
+    fallbacks: [Option<NodeId>; FALLBACK_ANNOUNCERS],
 }
 
 impl SwimState {
@@ -220,6 +260,7 @@ impl SwimState {
             suspects: BTreeSet::new(),
             next_notice: now,
             told_down: Vec::new(),
+            fetching: HashMap::default(),
             detector,
             settings,
         }
@@ -265,6 +306,14 @@ impl Node {
         if self.swim.is_none() {
             return;
         }
+        let Some(encoded) = self.piggyback_encoding(&record) else { return };
+        let Some(st) = self.swim.as_mut() else { return };
+        st.records.push(RecordUpdate::with_encoding(record, encoded, st.settings.eager_sends));
+    }
+
+    /// `record` encoded as a [`Piggyback::Record`], shared with every node that holds the same
+    /// record where the interner pools them.
+    fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Bytes> {
         let encode = |record: &Record| {
             let body = postcard::to_allocvec(record).ok()?;
             let mut encoded = Vec::with_capacity(1 + body.len());
@@ -272,9 +321,7 @@ impl Node {
             encoded.extend_from_slice(&body);
             Some(Bytes::from(encoded))
         };
-        let Some(encoded) = self.config.interner.encoding(&record, &encode) else { return };
-        let Some(st) = self.swim.as_mut() else { return };
-        st.records.push(RecordUpdate::with_encoding(record, encoded));
+        self.config.interner.encoding(record, &encode)
     }
 
     /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it
@@ -366,6 +413,7 @@ impl Node {
         }
         self.tell_if_down(from);
         let mut corrections: Vec<SharedRecord> = Vec::new();
+        let mut announced: Vec<(NodeId, Version)> = Vec::new();
         for item in piggyback {
             match item {
                 Piggyback::Record(r) => self.absorb(r),
@@ -374,9 +422,11 @@ impl Node {
                         corrections.push(newer);
                     }
                 }
+                Piggyback::Have { id, version } => announced.push((id, version)),
             }
         }
         self.send_corrections(from, &corrections);
+        self.fetch_announced(from, &announced);
         if probe.is_none() && self.replica.get(&from).is_some_and(|s| s.record().reach == Reachability::OutboundOnly) {
             // Gossip from a node only its anchors can send to is also its pull: answer with news.
             self.send_probe(from, ProbeBuilder::gossip(self.config.max_datagram), None, true);
@@ -458,6 +508,112 @@ impl Node {
         self.send_corrections(from, &[record]);
     }
 
+    /// Asks `from` for the records it announced that this replica lacks (after the datagram's
+    /// own records were merged), in one [`Message::Fetch`]. A record already asked for is not
+    /// asked again; `from` becomes a fallback, asked by [`Node::retry_fetches`] if no answer
+    /// comes. The announcer has just sent this datagram, so it can be answered even when it is
+    /// outbound-only or not yet known here, as a pull is.
+    fn fetch_announced(&mut self, from: NodeId, announced: &[(NodeId, Version)]) {
+        if announced.is_empty() {
+            return;
+        }
+        let (now, limit) = (self.now, self.config.max_datagram);
+        let Some(st) = self.swim.as_mut() else { return };
+        let mut b = Builder::fetch(limit);
+        for (id, version) in announced {
+            if !self.replica.lacks(id, version) {
+                continue;
+            }
+            if let Some(f) = st.fetching.get_mut(id) {
+                if !f.version.covers(version) {
+                    f.version = *version;
+                }
+                if !f.fallbacks.contains(&Some(from)) {
+                    if let Some(free) = f.fallbacks.iter_mut().find(|a| a.is_none()) {
+                        *free = Some(from);
+                    }
+                }
+                continue;
+            }
+            if st.fetching.len() >= MAX_FETCHING || !b.push(id) {
+                break;
+            }
+            let fallbacks = [None; FALLBACK_ANNOUNCERS];
+            st.fetching.insert(*id, Fetching { version: *version, asked: now, fallbacks });
+        }
+        if !b.is_empty() {
+            self.stats.records_fetched += b.len() as u64;
+            self.transmit(from, b.finish());
+        }
+    }
+
+    /// Asks the next announcer for each record whose fetch went unanswered for
+    /// [`FETCH_RETRY`], and forgets those that arrived or have nobody left to ask (anti-entropy
+    /// repairs what is still missing then). Called every gossip round.
+    fn retry_fetches(&mut self) {
+        let now = self.now;
+        let Some(st) = self.swim.as_mut() else { return };
+        if st.fetching.is_empty() {
+            return;
+        }
+        let mut asks: Vec<(NodeId, NodeId)> = Vec::new();
+        st.fetching.retain(|id, f| {
+            if now < f.asked + FETCH_RETRY {
+                return true;
+            }
+            if !self.replica.lacks(id, &f.version) {
+                return false;
+            }
+            let Some(next) = f.fallbacks.iter_mut().find_map(Option::take) else { return false };
+            f.asked = now;
+            asks.push((next, *id));
+            true
+        });
+        // Sent in id order, not the table's.
+        asks.sort_unstable();
+        let limit = self.config.max_datagram;
+        for group in asks.chunk_by(|a, b| a.0 == b.0) {
+            let mut b = Builder::fetch(limit);
+            for (_, id) in group {
+                if b.push(id) {
+                    self.stats.records_fetched += 1;
+                }
+            }
+            self.transmit(group[0].0, b.finish());
+        }
+    }
+
+    /// A [`Message::Fetch`]: sends `from` the records it asked for that this replica holds, as
+    /// gossip (merged and spread on like any piggybacked news), in at most
+    /// [`MAX_FETCH_ANSWERS`] datagrams.
+    pub(crate) fn on_fetch(&mut self, from: NodeId, ids: &[NodeId]) {
+        if self.swim.is_none() {
+            return;
+        }
+        let limit = self.config.max_datagram;
+        let mut b = ProbeBuilder::gossip(limit);
+        let mut sent = 0;
+        for id in ids {
+            let Some(record) = self.replica.get(id).map(|s| s.record().clone()) else { continue };
+            let Some(encoded) = self.piggyback_encoding(&record) else { continue };
+            if b.push_encoded(&encoded) {
+                continue;
+            }
+            if !b.is_empty() {
+                self.transmit(from, b.finish());
+                sent += 1;
+            }
+            if sent == MAX_FETCH_ANSWERS {
+                return;
+            }
+            b = ProbeBuilder::gossip(limit);
+            b.push_encoded(&encoded);
+        }
+        if !b.is_empty() {
+            self.transmit(from, b.finish());
+        }
+    }
+
     /// Answers stale suspicions with the records that refute them, in one gossip datagram.
     fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) {
         if records.is_empty() {
@@ -501,6 +657,7 @@ impl Node {
                 for id in notice.unwrap_or_default() {
                     self.notify_suspect(id);
                 }
+                self.retry_fetches();
                 self.timers.set(Timer::Gossip, self.now + interval);
             }
             Timer::AntiEntropy => {
@@ -630,11 +787,15 @@ impl Node {
                 }
             }
         }
-        st.suspicions.fill(b.budget(), n, |s| {
+        st.suspicions.fill(b.budget(), n, |s, _| {
             b.push(&s.piggyback());
         });
-        st.records.fill(b.budget(), n, |r| {
-            b.push_encoded(r.encoded());
+        st.records.fill(b.budget(), n, |r, sends| {
+            if r.is_eager(sends) {
+                b.push_encoded(r.encoded());
+            } else {
+                b.push(&r.announcement());
+            }
         });
         if skip_empty && b.is_empty() {
             return;
@@ -674,6 +835,9 @@ mod tests {
         s = SwimSettings { outbound_anti_entropy_interval: Duration::ZERO, ..SwimSettings::default() };
         c.dissemination = Dissemination::Swim(s.clone());
         assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim outbound_anti_entropy_interval")));
+        s = SwimSettings { eager_sends: 0, ..SwimSettings::default() };
+        c.dissemination = Dissemination::Swim(s.clone());
+        assert_eq!(c.validate(), Err(ConfigError::ZeroEagerSends));
         s = SwimSettings::default();
         s.detector.probe_timeout = s.detector.protocol_period;
         c.dissemination = Dissemination::Swim(s);
@@ -752,6 +916,154 @@ mod tests {
         assert!(std::sync::Arc::ptr_eq(queued, &held), "the DOWN record replaced the peer's queued record");
     }
 
+    /// A node in Swim mode, its id 1, that holds the signed records of public peers 8 and 9 and
+    /// of node 5 at heartbeat 1; returns it with node 5's record.
+    fn node_with_peers(eager_sends: u32) -> (Node, Record) {
+        let mut c = Config::new(NodeId::from_u64(1), 1);
+        c.dissemination = Dissemination::Swim(SwimSettings { eager_sends, ..SwimSettings::default() });
+        let mut node = Node::new(c, Time::ZERO);
+        let signed = |n: u64, reach: Reachability| {
+            let mut r = Record::new(NodeId::from_u64(n), 1, crate::Role::Serving, crate::Hardware::CPU, reach);
+            r.state = Lifecycle::Serve;
+            r.heartbeat = 1;
+            crate::auth::Identity::for_test(NodeId::from_u64(n)).seal(&mut r);
+            r
+        };
+        for n in [8, 9] {
+            node.absorb(signed(n, Reachability::Public(format!("10.0.0.{n}:7000"))));
+        }
+        let five = signed(5, Reachability::OutboundOnly);
+        node.absorb(five.clone());
+        drain(&mut node);
+        (node, five)
+    }
+
+    /// The datagrams the node sent since the last call, decoded, with their receivers.
+    fn drain(node: &mut Node) -> Vec<(NodeId, Message)> {
+        let mut out = Vec::new();
+        loop {
+            match node.poll_output() {
+                Output::Transmit(t) => out.push((t.to, crate::wire::decode(&t.payload).expect("decodes"))),
+                Output::Timeout(_) => return out,
+                _ => {}
+            }
+        }
+    }
+
+    fn gossip(node: &mut Node, at: Time, from: u64, items: Vec<Piggyback>) -> Vec<(NodeId, Message)> {
+        let payload = crate::wire::encode_unbounded(&Message::Gossip(items));
+        node.handle_input(at, crate::node::Input::Datagram { from: NodeId::from_u64(from), payload: payload.into() });
+        drain(node)
+    }
+
+    fn fetches(sent: &[(NodeId, Message)]) -> Vec<(u64, Vec<NodeId>)> {
+        let to_u64 = |id: &NodeId| u64::from_be_bytes(id.0[8..].try_into().expect("8 bytes"));
+        sent.iter()
+            .filter_map(|(to, m)| match m {
+                Message::Fetch(ids) => Some((to_u64(to), ids.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_record_is_pushed_whole_its_eager_sends_then_only_announced() {
+        let (mut node, five) = node_with_peers(2);
+        let id = five.id;
+        let mut forms = Vec::new();
+        for _ in 0..6 {
+            node.send_probe(NodeId::from_u64(8), ProbeBuilder::gossip(crate::wire::MAX_DATAGRAM), None, true);
+            for (_, m) in drain(&mut node) {
+                for p in m.piggyback() {
+                    match p {
+                        Piggyback::Record(r) if r.id == id => forms.push("record"),
+                        Piggyback::Have { id: h, version } if *h == id => {
+                            assert_eq!(*version, five.version());
+                            forms.push("have");
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // Three nodes: 4 · ceil(log10(4)) = 4 sends, the first two whole.
+        assert_eq!(forms, ["record", "record", "have", "have"]);
+    }
+
+    #[test]
+    fn an_announced_record_is_fetched_once_and_from_the_next_announcer_when_no_answer_comes() {
+        let (mut node, five) = node_with_peers(4);
+        let mut newer = five.clone();
+        newer.heartbeat = 2;
+        crate::auth::Identity::for_test(five.id).seal(&mut newer);
+        let have = |r: &Record| Piggyback::Have { id: r.id, version: r.version() };
+        let t = Time::from_secs(1);
+
+        // What the node holds is not fetched; a later version is, from the announcer.
+        assert!(fetches(&gossip(&mut node, t, 8, vec![have(&five)])).is_empty());
+        assert_eq!(fetches(&gossip(&mut node, t, 8, vec![have(&newer)])), [(8, vec![five.id])]);
+        // A second announcer while the fetch is out is not asked, only remembered.
+        assert!(fetches(&gossip(&mut node, t + Duration::from_millis(10), 9, vec![have(&newer)])).is_empty());
+        // No answer: the next gossip round after the retry time asks node 9.
+        let mut asked = Vec::new();
+        let mut now = t;
+        while now < t + Duration::from_secs(1) && asked.is_empty() {
+            now = now + Duration::from_millis(50);
+            node.handle_input(now, crate::node::Input::Timeout);
+            asked = fetches(&drain(&mut node));
+        }
+        assert_eq!(asked, [(9, vec![five.id])]);
+        assert!(now >= t + FETCH_RETRY, "asked again after {:?}", now - t);
+        // Node 9's answer is merged; announcements of it ask nothing more.
+        gossip(&mut node, now, 9, vec![Piggyback::Record(newer.clone())]);
+        assert_eq!(node.replica.get(&five.id).map(|s| s.record().version()), Some(newer.version()));
+        assert!(fetches(&gossip(&mut node, now, 8, vec![have(&newer)])).is_empty());
+        assert_eq!(node.stats().records_fetched, 2);
+        // The fetch is forgotten at the next round past the retry time.
+        node.handle_input(now + Duration::from_secs(1), crate::node::Input::Timeout);
+        assert!(node.swim.as_ref().expect("swim").fetching.is_empty());
+    }
+
+    #[test]
+    fn a_fetch_is_answered_with_the_records_held_as_gossip_in_at_most_two_datagrams() {
+        let (mut node, five) = node_with_peers(4);
+        let ids: Vec<NodeId> = [5, 8, 9, 77].into_iter().map(NodeId::from_u64).collect();
+        let payload = crate::wire::encode_unbounded(&Message::Fetch(ids));
+        node.handle_input(
+            Time::from_secs(1),
+            crate::node::Input::Datagram { from: NodeId::from_u64(8), payload: payload.into() },
+        );
+        let sent = drain(&mut node);
+        let records: Vec<u64> = sent
+            .iter()
+            .filter(|(to, _)| *to == NodeId::from_u64(8))
+            .flat_map(|(_, m)| match m {
+                Message::Gossip(items) => items.clone(),
+                _ => Vec::new(),
+            })
+            .filter_map(|p| match p {
+                Piggyback::Record(r) => Some(u64::from_be_bytes(r.id.0[8..].try_into().expect("8 bytes"))),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(records, [5, 8, 9], "the unknown node 77 is skipped");
+        assert!(sent
+            .iter()
+            .any(|(_, m)| matches!(m, Message::Gossip(items) if items.contains(&Piggyback::Record(five.clone())))));
+        // Far more ids than two datagrams of records hold: two datagrams, no more.
+        let many: Vec<NodeId> = std::iter::repeat([5, 8, 9]).flatten().take(60).map(NodeId::from_u64).collect();
+        let payload = crate::wire::encode_unbounded(&Message::Fetch(many));
+        node.handle_input(
+            Time::from_secs(2),
+            crate::node::Input::Datagram { from: NodeId::from_u64(9), payload: payload.into() },
+        );
+        let answers = drain(&mut node)
+            .into_iter()
+            .filter(|(to, m)| *to == NodeId::from_u64(9) && matches!(m, Message::Gossip(_)))
+            .count();
+        assert_eq!(answers, MAX_FETCH_ANSWERS);
+    }
+
     #[test]
     fn suspicions_are_superseded_by_later_versions_and_replaced_by_other_suspecters() {
         assert!(suspicion(5, 1).covers(&suspicion(4, 2)));
@@ -762,8 +1074,12 @@ mod tests {
         let expected =
             Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) };
         assert_eq!(s.piggyback(), expected);
-        assert_eq!(s.encoded_len(), crate::wire::encode_piggyback(&expected).len(), "the budget counts the sent bytes");
+        assert_eq!(
+            s.encoded_len(0),
+            crate::wire::encode_piggyback(&expected).len(),
+            "the budget counts the sent bytes"
+        );
         let big = QueuedSuspicion::new(NodeId([0xff; 16]), u64::MAX, u64::MAX, NodeId([0xff; 16]));
-        assert_eq!(big.encoded_len(), 53, "the longest suspicion fits its length byte");
+        assert_eq!(big.encoded_len(0), 53, "the longest suspicion fits its length byte");
     }
 }

@@ -24,6 +24,8 @@ pub const MAX_DATAGRAM: usize = 1100;
 /// - 2: records carry their owner's seal (public key and signature) and an optional DOWN mark
 ///   ([`crate::auth`]). Version-1 datagrams are refused as
 ///   [`DecodeError::UnsupportedVersion`]: their records are unsigned and would be refused anyway.
+///   [`Piggyback::Have`] and [`Message::Fetch`] were appended later without a bump, as the SWIM
+///   messages were: a node that predates them rejects a datagram carrying them as malformed.
 pub const WIRE_VERSION: u8 = 2;
 
 /// One line of a digest: which version of a node's record the sender holds.
@@ -107,6 +109,10 @@ pub enum Message {
         /// The sender's records in those buckets (and maybe part of another).
         entries: Vec<BucketEntry>,
     },
+    /// The records of these nodes, which the receiver announced with [`Piggyback::Have`] and the
+    /// sender lacks; answered with [`Message::Gossip`] carrying them, so that they spread on
+    /// from the sender like any piggybacked news.
+    Fetch(Vec<NodeId>),
 }
 
 /// One record in a [`Message::BucketEntries`]: its node and its
@@ -136,6 +142,15 @@ pub enum Piggyback {
         /// Who raised the suspicion.
         from: NodeId,
     },
+    /// The sender holds `id`'s record at `version` (or later): announced instead of the whole
+    /// record once the record has been pushed a few times. A receiver that lacks it asks for it
+    /// with a [`Message::Fetch`].
+    Have {
+        /// Whose record.
+        id: NodeId,
+        /// The version the sender holds.
+        version: Version,
+    },
 }
 
 impl Message {
@@ -152,7 +167,8 @@ impl Message {
             | Message::Want(_)
             | Message::DigestReply(_)
             | Message::Buckets { .. }
-            | Message::BucketEntries { .. } => &[],
+            | Message::BucketEntries { .. }
+            | Message::Fetch(_) => &[],
         }
     }
 }
@@ -345,6 +361,13 @@ impl Builder<DigestEntry> {
     }
 }
 
+impl Builder<NodeId> {
+    /// A builder for a [`Message::Fetch`].
+    pub fn fetch(limit: usize) -> Builder<NodeId> {
+        Builder { tag: FETCH, ..Builder::new(limit) }
+    }
+}
+
 impl<T: WireItem> Builder<T> {
     /// A builder for datagrams of at most `limit` bytes (clamped to 3..=[`MAX_DATAGRAM`]).
     pub fn new(limit: usize) -> Builder<T> {
@@ -403,6 +426,8 @@ const PING_REQ: u8 = 5;
 const ACK: u8 = 6;
 const NACK: u8 = 7;
 const GOSSIP: u8 = 8;
+/// Postcard variant index of [`Message::Fetch`].
+const FETCH: u8 = 11;
 
 /// Builds one SWIM datagram: the probe header first, then as many piggybacked items as fit
 /// below the limit.
@@ -650,6 +675,14 @@ mod tests {
                     Piggyback::Record(r)
                 }
             ),
+            (any::<u64>(), any::<u64>(), 0u8..4, any::<u64>()).prop_map(|(i, g, s, h)| Piggyback::Have {
+                id: NodeId::from_u64(i),
+                version: Version {
+                    generation: g,
+                    state: [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left][s as usize],
+                    heartbeat: h,
+                },
+            }),
         ]
     }
 
@@ -664,6 +697,10 @@ mod tests {
                 Hardware::CPU,
                 Reachability::OutboundOnly,
             )),
+            Piggyback::Have {
+                id: NodeId::from_u64(6),
+                version: Version { generation: 5, state: Lifecycle::Serve, heartbeat: 300 },
+            },
         ];
         let build = |mut b: ProbeBuilder| {
             for i in &items {
@@ -755,6 +792,12 @@ mod tests {
             let d = b.finish();
             prop_assert!(d.len() <= limit.min(MAX_DATAGRAM));
             prop_assert_eq!(decode(&d).unwrap(), Message::Want((0..k as u64).map(NodeId::from_u64).collect()));
+            let mut b = Builder::fetch(limit);
+            for i in 0..n { b.push(&NodeId::from_u64(i as u64)); }
+            let k = b.len();
+            let d = b.finish();
+            prop_assert!(d.len() <= limit.min(MAX_DATAGRAM));
+            prop_assert_eq!(decode(&d).unwrap(), Message::Fetch((0..k as u64).map(NodeId::from_u64).collect()));
         }
     }
 

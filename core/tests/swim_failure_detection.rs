@@ -93,7 +93,7 @@ impl Update for Gossip {
         }
     }
 
-    fn encoded_len(&self) -> usize {
+    fn encoded_len(&self, _sends: u32) -> usize {
         GOSSIP_LEN
     }
 }
@@ -188,7 +188,7 @@ impl Cluster {
     fn send(&mut self, from: usize, to: NodeId, probe: Probe) {
         let n = self.members[from].swim.cluster_size();
         let mut gossip = Vec::new();
-        self.members[from].queue.fill(PIGGYBACK_BUDGET, n, |g| gossip.push(*g));
+        self.members[from].queue.fill(PIGGYBACK_BUDGET, n, |g, _| gossip.push(*g));
         self.post(from, to, probe, gossip);
     }
 

@@ -68,7 +68,7 @@ pub(crate) mod op {
     pub const OWN_ECHO: u8 = 5;
     /// `[from, count, (id, generation, state, heartbeat: u16)..]`: a `Digest` datagram.
     pub const DIGEST: u8 = 6;
-    /// `[from, count, id..]`: a `Want` datagram.
+    /// `[from, count, id..]`: a `Want` datagram, or a `Fetch` when `count >= 128`.
     pub const WANT: u8 = 7;
     /// `[from, record, position: u16, xor]`: a one-record datagram with one byte altered (which
     /// breaks its signature, if it still decodes).
@@ -350,8 +350,10 @@ impl Run {
             }
             op::WANT => {
                 let from = peer_id(u);
-                let n = 1 + byte(u) % 6;
-                let mut b = Builder::<NodeId>::new(MAX_DATAGRAM);
+                let count = byte(u);
+                let n = 1 + count % 6;
+                let mut b =
+                    if count >= 128 { Builder::fetch(MAX_DATAGRAM) } else { Builder::<NodeId>::new(MAX_DATAGRAM) };
                 for _ in 0..n {
                     b.push(&peer_id(u));
                 }
@@ -415,15 +417,23 @@ impl Run {
         }
     }
 
-    /// One piggybacked item: `[kind]`, then for an even kind a suspicion `[id, generation,
-    /// heartbeat: u16, from]` (generation `% 4`, or the node's own current one when
-    /// `generation % 5 == 4`, so that suspicions of the node itself reach its refutation) and for
-    /// an odd kind a record as in `peer_record`.
+    /// One piggybacked item: `[kind]`, then for an odd kind a record as in `peer_record`, for
+    /// `kind % 4 == 2` an announcement `[id, generation, state, heartbeat: u16]` (generation and
+    /// state `% 4`), and otherwise a suspicion `[id, generation, heartbeat: u16, from]`
+    /// (generation `% 4`, or the node's own current one when `generation % 5 == 4`, so that
+    /// suspicions of the node itself reach its refutation).
     fn piggyback(&self, u: &mut Unstructured<'_>) -> Piggyback {
-        if byte(u) % 2 == 1 {
+        let kind = byte(u);
+        if kind % 2 == 1 {
             return Piggyback::Record(peer_record(u));
         }
         let id = peer_id(u);
+        if kind % 4 == 2 {
+            let generation = u64::from(byte(u) % 4);
+            let state = [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Down, Lifecycle::Left][usize::from(byte(u) % 4)];
+            let version = Version { generation, state, heartbeat: u64::from(word(u)) };
+            return Piggyback::Have { id, version };
+        }
         let generation = match byte(u) {
             g if g % 5 == 4 => self.node.local_record().generation,
             g => u64::from(g % 4),
@@ -486,10 +496,14 @@ impl Run {
                 .iter()
                 .filter_map(|p| match p {
                     Piggyback::Record(r) => Some(r),
-                    Piggyback::Suspect { .. } => None,
+                    Piggyback::Suspect { .. } | Piggyback::Have { .. } => None,
                 })
                 .collect(),
         };
+        if msg.piggyback().iter().all(|p| matches!(p, Piggyback::Have { .. })) && !msg.piggyback().is_empty() {
+            // Announcements only ask; they change nothing held.
+            assert_eq!(before, self.node.replica().sorted_records(), "an announcement changed the replica");
+        }
         let verifier = self.node.config().verifier.clone();
         let forgeries = records.iter().filter(|r| auth::check(r, &verifier).is_err()).count() as u64;
         let forged_after = self.node.stats().records_forged + self.node.stats().marks_forged;

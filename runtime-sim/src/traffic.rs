@@ -4,7 +4,8 @@
 //! Every datagram is counted by its message tag, and its records and suspicions by what they
 //! are: a record with a DOWN mark by another node, a LEFT record, any other record (a record
 //! at a new generation, which is how a node refutes a DOWN mark, or an owner's change), each
-//! apart for piggybacked updates and for [`Message::Records`] transfers. Totals are printed at
+//! apart for piggybacked updates and for [`Message::Records`] transfers, and the announcements
+//! of records by version. Totals are printed at
 //! the end of the run, and each 5 simulated seconds what those seconds added, so that the heal
 //! of a partition shows against the seconds before it. Tracing decodes every datagram, so it
 //! costs time; without it nothing here runs.
@@ -15,7 +16,7 @@ use tela_core::{Lifecycle, Record};
 /// Message tags counted (the wire's tags are below this).
 const TAGS: usize = 16;
 /// The wire's message kinds by tag, as [`Message`] orders its variants.
-const TAG_NAMES: [&str; 11] = [
+const TAG_NAMES: [&str; 12] = [
     "Digest",
     "Records",
     "Want",
@@ -27,13 +28,15 @@ const TAG_NAMES: [&str; 11] = [
     "Gossip",
     "Buckets",
     "BucketEntries",
+    "Fetch",
 ];
 /// Kinds of item counted: records piggybacked by [`kind_of`], suspicions, records transferred
-/// by [`kind_of`].
-const ITEMS: usize = 7;
+/// by [`kind_of`], announcements of records.
+const ITEMS: usize = 8;
 const PIGGYBACKED: usize = 0;
 const SUSPICIONS: usize = 3;
 const TRANSFERRED: usize = 4;
+const ANNOUNCEMENTS: usize = 7;
 
 const ITEM_NAMES: [&str; ITEMS] = [
     "piggybacked records marked DOWN",
@@ -43,6 +46,7 @@ const ITEM_NAMES: [&str; ITEMS] = [
     "transferred records marked DOWN",
     "transferred LEFT records",
     "transferred other records",
+    "announced records",
 ];
 
 /// Counts and bytes.
@@ -94,6 +98,7 @@ impl Traffic {
             let item = match p {
                 Piggyback::Suspect { .. } => SUSPICIONS,
                 Piggyback::Record(r) => PIGGYBACKED + kind_of(r),
+                Piggyback::Have { .. } => ANNOUNCEMENTS,
             };
             self.items[item].add(wire::encode_piggyback(p).len());
         }
@@ -162,6 +167,7 @@ mod tests {
         let gossip = wire::encode_unbounded(&Message::Gossip(vec![
             suspect.clone(),
             Piggyback::Record(record(3, Lifecycle::Serve)),
+            Piggyback::Have { id: NodeId::from_u64(6), version: record(6, Lifecycle::Serve).version() },
         ]));
         let transfer =
             wire::encode_unbounded(&Message::Records(vec![record(4, Lifecycle::Left), record(5, Lifecycle::Join)]));
@@ -172,7 +178,7 @@ mod tests {
         assert_eq!(t.tags[usize::from(transfer[1])].count, 1);
         assert_eq!(t.undecoded, 1);
         let counts: Vec<u64> = t.items.iter().map(|i| i.count).collect();
-        assert_eq!(counts, [0, 0, 1, 1, 0, 1, 1]);
+        assert_eq!(counts, [0, 0, 1, 1, 0, 1, 1, 1]);
         assert_eq!(t.items[SUSPICIONS].bytes, wire::encode_piggyback(&suspect).len() as u64);
         // Two nodes over one second: halves; the next window starts empty.
         let first = t.window(2, 1);
