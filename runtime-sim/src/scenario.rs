@@ -88,6 +88,9 @@ pub struct Protocol {
     /// the updates, with the core's default settings; the gossip and heartbeat keys above then
     /// do not apply).
     pub dissemination: DisseminationMode,
+    /// In Swim mode, how many times a record goes whole before it is only announced by version
+    /// (`tela_core::SwimSettings::eager_sends`); at least 1.
+    pub swim_eager_sends: u32,
 }
 
 /// The core's dissemination mode for every node of a scenario.
@@ -454,6 +457,7 @@ impl Default for Protocol {
             dead_after_ms: c.dead_after.as_millis() as u64,
             drain_window_s: 120.0,
             dissemination: DisseminationMode::PushPull,
+            swim_eager_sends: tela_core::SwimSettings::default().eager_sends,
         }
     }
 }
@@ -657,6 +661,9 @@ impl Scenario {
         if self.workload.max_attempts == 0 {
             return bad("workload.max_attempts must be at least 1".into());
         }
+        if self.protocol.swim_eager_sends == 0 {
+            return bad("protocol.swim_eager_sends must be at least 1".into());
+        }
         self.validate_spin()
     }
 
@@ -742,6 +749,10 @@ mod tests {
         assert_eq!(s.protocol.dissemination, DisseminationMode::Swim);
         let e = Scenario::parse("[protocol]\ndissemination = \"flood\"").unwrap_err();
         assert!(e.to_string().contains("unknown variant"), "{e}");
+        let s = Scenario::parse("[protocol]\ndissemination = \"swim\"\nswim_eager_sends = 20").expect("swim");
+        assert_eq!(s.protocol.swim_eager_sends, 20);
+        let e = Scenario::parse("[protocol]\nswim_eager_sends = 0").unwrap_err();
+        assert!(e.to_string().contains("swim_eager_sends"), "{e}");
     }
 
     #[test]

@@ -220,7 +220,8 @@ impl Sim {
         c.dead_after = Duration::from_millis(p.dead_after_ms);
         c.drain_window = Duration::from_secs_f64(p.drain_window_s);
         if p.dissemination == crate::scenario::DisseminationMode::Swim {
-            c.dissemination = tela_core::Dissemination::Swim(tela_core::SwimSettings::default());
+            let settings = tela_core::SwimSettings { eager_sends: p.swim_eager_sends, ..Default::default() };
+            c.dissemination = tela_core::Dissemination::Swim(settings);
         }
         host.node = Some(Node::new(c, local));
         let job = host.job;
