@@ -109,6 +109,12 @@ fn node_scripts() -> Seeds {
         vec![0, (id - 1) as u8, if own_generation { 4 } else { 1 }, lo, hi, (from - 1) as u8]
     };
     let record = |r: Vec<u8>| [vec![1], r].concat();
+    // An announcement of node `id`'s record at generation 1 in `state` (its index in the
+    // facade's list) and `heartbeat`.
+    let have = |id: u64, state: u8, heartbeat: u16| {
+        let [lo, hi] = heartbeat.to_le_bytes();
+        vec![2, (id - 1) as u8, 1, state, lo, hi]
+    };
     let probe = |from: u64, kind: u8, seq: u16, target: u64, items: &[Vec<u8>]| {
         let [lo, hi] = seq.to_le_bytes();
         let mut p = vec![(from - 1) as u8, kind, lo, hi, (target - 1) as u8, items.len() as u8];
@@ -231,6 +237,17 @@ fn node_scripts() -> Seeds {
                 .bytes(),
         ),
         (
+            "swim_announcements_fetched",
+            Script::new(SWIM)
+                .engine_ready(&[0])
+                .op(op::PROBE, &probe(2, 4, 0, 2, &[record(peer(2, 1, Lifecycle::Serve, 3, &[1]))]))
+                .op(op::PROBE, &probe(3, 4, 0, 3, &[have(2, 1, 9), have(4, 1, 1), have(2, 1, 2)]))
+                .timeouts(8)
+                .op(op::WANT, &[2, 128, 0, 1, 2])
+                .timeouts(8)
+                .bytes(),
+        ),
+        (
             "forgeries_change_nothing",
             serving()
                 .records(3, &[peer_flagged(2, Lifecycle::Serve, 900, &[1, 4], 16)])
@@ -294,6 +311,17 @@ fn wire_seeds() -> Seeds {
     for n in [3, 70_000, u64::MAX] {
         want.push(&NodeId::from_u64(n));
     }
+    let mut fetch = Builder::fetch(MAX_DATAGRAM);
+    for n in [3, 70_000, u64::MAX] {
+        fetch.push(&NodeId::from_u64(n));
+    }
+    let mut announcements = ProbeBuilder::gossip(MAX_DATAGRAM);
+    for n in 1.. {
+        let r = realistic(n, &[]);
+        if !announcements.push(&Piggyback::Have { id: r.id, version: r.version() }) {
+            break;
+        }
+    }
     let mut down = realistic(9, &["m"]);
     down.reach = Reachability::OutboundOnly;
     down.hardware = Hardware::CPU;
@@ -339,6 +367,8 @@ fn wire_seeds() -> Seeds {
         ("records_one_outbound", one),
         ("digest", digest.finish().to_vec()),
         ("want", want.finish().to_vec()),
+        ("fetch", fetch.finish().to_vec()),
+        ("gossip_announcements", announcements.finish().to_vec()),
         ("records_empty", vec![wire::WIRE_VERSION, 1, 0]),
         ("unknown_version", vec![9, 0, 0]),
         ("previous_version", vec![1, 2, 1, 0]),
@@ -412,6 +442,11 @@ fn scripted_seeds_do_what_their_names_say() {
         Some((Lifecycle::Down, true)),
         "forged, or the mark not taken"
     );
+
+    let r = run("swim_announcements_fetched");
+    let s = r.node.stats();
+    assert!(r.node.swim().is_some(), "not in Swim mode");
+    assert_eq!(s.records_fetched, 2, "nodes 2 (a later version) and 4 (unknown) are fetched: {s:?}");
 
     let r = run("swim_probes_and_refutes");
     let s = r.node.stats();
