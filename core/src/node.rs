@@ -317,6 +317,20 @@ pub struct Stats {
     pub syncs_records: u64,
     /// Records asked for after an announcement that this replica lacked them (Swim mode).
     pub records_fetched: u64,
+    /// Swim mode: gossip datagrams sent in gossip rounds (pushes, and pulls of an outbound-only
+    /// node); the five counters below are the gossip datagrams sent outside the rounds.
+    pub gossip_rounds_sent: u64,
+    /// Swim mode: answers with news to gossip from an outbound-only node (its pulls and pushes).
+    pub news_answers: u64,
+    /// Swim mode: answers to datagrams that carried stale suspicions, with the records that
+    /// refute them.
+    pub corrections_sent: u64,
+    /// Swim mode: DOWN records sent to nodes held DOWN that sent something.
+    pub down_notices: u64,
+    /// Swim mode: datagrams answering [`crate::wire::Message::Fetch`].
+    pub fetch_answers: u64,
+    /// Swim mode: suspects told directly that this node suspects them.
+    pub suspicion_notices: u64,
     /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
     pub records_forged: u64,
     /// Records refused because of a DOWN mark that its confirmer did not sign, or a state that

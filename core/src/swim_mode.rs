@@ -425,11 +425,15 @@ impl Node {
                 Piggyback::Have { id, version } => announced.push((id, version)),
             }
         }
-        self.send_corrections(from, &corrections);
+        if self.send_corrections(from, &corrections) {
+            self.stats.corrections_sent += 1;
+        }
         self.fetch_announced(from, &announced);
         if probe.is_none() && self.replica.get(&from).is_some_and(|s| s.record().reach == Reachability::OutboundOnly) {
             // Gossip from a node only its anchors can send to is also its pull: answer with news.
-            self.send_probe(from, ProbeBuilder::gossip(self.config.max_datagram), None, true);
+            if self.send_probe(from, ProbeBuilder::gossip(self.config.max_datagram), None, true) {
+                self.stats.news_answers += 1;
+            }
         }
         let Some(st) = self.swim.as_mut() else { return };
         match probe {
@@ -505,7 +509,9 @@ impl Node {
         }
         st.told_down.retain(|(id, at)| *id != from && now < *at + NOTICE_INTERVAL);
         st.told_down.push((from, now));
-        self.send_corrections(from, &[record]);
+        if self.send_corrections(from, &[record]) {
+            self.stats.down_notices += 1;
+        }
     }
 
     /// Asks `from` for the records it announced that this replica lacks (after the datagram's
@@ -601,6 +607,7 @@ impl Node {
             }
             if !b.is_empty() {
                 self.transmit(from, b.finish());
+                self.stats.fetch_answers += 1;
                 sent += 1;
             }
             if sent == MAX_FETCH_ANSWERS {
@@ -611,21 +618,25 @@ impl Node {
         }
         if !b.is_empty() {
             self.transmit(from, b.finish());
+            self.stats.fetch_answers += 1;
         }
     }
 
-    /// Answers stale suspicions with the records that refute them, in one gossip datagram.
-    fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) {
+    /// Answers stale suspicions with the records that refute them, in one gossip datagram;
+    /// returns whether it was sent.
+    fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) -> bool {
         if records.is_empty() {
-            return;
+            return false;
         }
         let mut b = ProbeBuilder::gossip(self.config.max_datagram);
         for r in records {
             b.push(&Piggyback::Record((**r).clone()));
         }
-        if !b.is_empty() {
-            self.transmit(to, b.finish());
+        if b.is_empty() {
+            return false;
         }
+        self.transmit(to, b.finish());
+        true
     }
 
     /// Swim mode's share of [`Node::handle_timeouts`]: returns false for timers it does not own.
@@ -645,13 +656,16 @@ impl Node {
                 if st.records.len() + st.suspicions.len() > 0 {
                     for peer in self.pick_peers(fanout) {
                         let b = ProbeBuilder::gossip(self.config.max_datagram);
-                        self.send_probe(peer, b, None, true);
+                        if self.send_probe(peer, b, None, true) {
+                            self.stats.gossip_rounds_sent += 1;
+                        }
                     }
                 } else if self.config.reach == Reachability::OutboundOnly {
                     // Nobody can gossip to us but our anchors: pull from as many peers as we
                     // would push to instead.
                     for peer in self.pick_peers(fanout) {
                         self.transmit(peer, ProbeBuilder::gossip(self.config.max_datagram).finish());
+                        self.stats.gossip_rounds_sent += 1;
                     }
                 }
                 for id in notice.unwrap_or_default() {
@@ -681,14 +695,19 @@ impl Node {
             let Some(st) = self.swim.as_mut() else { return };
             if let Some(action) = st.detector.poll_action() {
                 match action {
+                    // Probes are never empty, so always sent.
                     Action::SendPing { to, seq } => {
-                        self.send_probe(to, ProbeBuilder::ping(limit, seq), Some(to), false)
+                        self.send_probe(to, ProbeBuilder::ping(limit, seq), Some(to), false);
                     }
                     Action::SendPingReq { via, target, seq } => {
                         self.send_probe(via, ProbeBuilder::ping_req(limit, target, seq), None, false);
                     }
-                    Action::SendAck { to, seq } => self.send_probe(to, ProbeBuilder::ack(limit, seq), None, false),
-                    Action::SendNack { to, seq } => self.send_probe(to, ProbeBuilder::nack(limit, seq), None, false),
+                    Action::SendAck { to, seq } => {
+                        self.send_probe(to, ProbeBuilder::ack(limit, seq), None, false);
+                    }
+                    Action::SendNack { to, seq } => {
+                        self.send_probe(to, ProbeBuilder::nack(limit, seq), None, false);
+                    }
                     Action::GossipSuspect { id, incarnation } => {
                         let generation = self.replica.get(&id).map(|s| s.record().generation);
                         if let (Some(generation), Some(st)) = (generation, self.swim.as_mut()) {
@@ -749,6 +768,7 @@ impl Node {
         let mut b = ProbeBuilder::gossip(self.config.max_datagram);
         b.push(&Piggyback::Suspect { id, generation: record.generation, heartbeat, from: self.config.id });
         self.transmit(id, b.finish());
+        self.stats.suspicion_notices += 1;
     }
 
     /// The detector confirmed `id` failed: mark its record DOWN in the same generation.
@@ -770,10 +790,10 @@ impl Node {
 
     /// Sends one SWIM datagram: the header in `b`, then (for a ping to a suspect) the suspicion
     /// of the target, then suspicions and records from the queues. A gossip datagram with
-    /// nothing in it is not sent.
-    fn send_probe(&mut self, to: NodeId, mut b: ProbeBuilder, buddy: Option<NodeId>, skip_empty: bool) {
+    /// nothing in it is not sent. Returns whether a datagram was sent.
+    fn send_probe(&mut self, to: NodeId, mut b: ProbeBuilder, buddy: Option<NodeId>, skip_empty: bool) -> bool {
         let n = self.replica.len();
-        let Some(st) = self.swim.as_mut() else { return };
+        let Some(st) = self.swim.as_mut() else { return false };
         if let Some(target) = buddy {
             // Lifeguard's buddy system: the suspect hears of the suspicion at once. Other running
             // suspicions ride along too, so that a peer that holds the refutation answers it.
@@ -798,9 +818,10 @@ impl Node {
             }
         });
         if skip_empty && b.is_empty() {
-            return;
+            return false;
         }
         self.transmit(to, b.finish());
+        true
     }
 }
 

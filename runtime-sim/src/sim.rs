@@ -692,12 +692,14 @@ impl Sim {
                 let (records, suspicions) =
                     running().filter_map(|n| n.swim_queued()).fold((0, 0), |(r, s), (qr, qs)| (r + qr, s + qs));
                 let per = nodes.max(1) as f64;
+                let senders = running().map(|n| crate::traffic::Senders::of(n.stats())).sum();
                 eprintln!(
-                    "at {} s, queued per node: {:.1} records, {:.1} suspicions; {}",
+                    "at {} s, queued per node: {:.1} records, {:.1} suspicions; {}\n  {}",
                     self.t.seconds,
                     records as f64 / per,
                     suspicions as f64 / per,
-                    self.t.traffic.window(nodes, 5)
+                    self.t.traffic.window(nodes, 5),
+                    self.t.traffic.senders_window(senders, nodes, 5),
                 );
             }
             let rss = crate::report::current_rss_mb();

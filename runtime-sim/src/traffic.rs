@@ -8,7 +8,10 @@
 //! of records by version. Totals are printed at
 //! the end of the run, and each 5 simulated seconds what those seconds added, so that the heal
 //! of a partition shows against the seconds before it. Tracing decodes every datagram, so it
-//! costs time; without it nothing here runs.
+//! costs time; without it nothing here runs. Each window also gives Swim mode's gossip
+//! datagrams by why they were sent, from the nodes' counters: in gossip rounds, or as one of
+//! the answers outside them (news to an outbound-only node, corrections of stale suspicions,
+//! DOWN notices, fetch answers, suspicion notices).
 
 use tela_core::wire::{self, Message, Piggyback};
 use tela_core::{Lifecycle, Record};
@@ -67,6 +70,42 @@ impl Tally {
     }
 }
 
+/// Swim mode's gossip datagrams by why they were sent, summed over the running nodes' counters
+/// ([`tela_core::Stats`]): in gossip rounds, and the four kinds of answer outside them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Senders([u64; 6]);
+
+const SENDER_NAMES: [&str; 6] = [
+    "in gossip rounds",
+    "news to outbound-only nodes",
+    "corrections of stale suspicions",
+    "DOWN notices",
+    "fetch answers",
+    "suspicion notices",
+];
+
+impl Senders {
+    pub fn of(s: tela_core::Stats) -> Senders {
+        Senders([
+            s.gossip_rounds_sent,
+            s.news_answers,
+            s.corrections_sent,
+            s.down_notices,
+            s.fetch_answers,
+            s.suspicion_notices,
+        ])
+    }
+}
+
+impl core::iter::Sum for Senders {
+    fn sum<I: Iterator<Item = Senders>>(iter: I) -> Senders {
+        iter.fold(Senders::default(), |mut a, b| {
+            a.0.iter_mut().zip(b.0).for_each(|(x, y)| *x += y);
+            a
+        })
+    }
+}
+
 /// Datagrams by tag and items by kind, since the run started and at the last window's end.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Traffic {
@@ -76,6 +115,8 @@ pub(crate) struct Traffic {
     window_items: [Tally; ITEMS],
     /// Datagrams that did not decode (a lying node's, say).
     undecoded: u64,
+    /// The running nodes' sender counters at the last window's end.
+    window_senders: Senders,
 }
 
 impl Traffic {
@@ -112,6 +153,21 @@ impl Traffic {
         self.window_items = self.items;
         let per = (nodes.max(1) as u64 * seconds.max(1)) as f64;
         format!("datagrams per node per s: {}", lines(&tags, &items, Some(per)))
+    }
+
+    /// Gossip datagrams per node per second by why they were sent, since the last window, from
+    /// the running nodes' counters (`now`). A node that stopped takes its counts with it, so
+    /// a window with restarts undercounts a little (never below zero).
+    pub fn senders_window(&mut self, now: Senders, nodes: usize, seconds: u64) -> String {
+        let per = (nodes.max(1) as u64 * seconds.max(1)) as f64;
+        let parts: Vec<String> = (0..SENDER_NAMES.len())
+            .map(|i| {
+                let n = now.0[i].saturating_sub(self.window_senders.0[i]);
+                format!("{} {:.1}", SENDER_NAMES[i], n as f64 / per)
+            })
+            .collect();
+        self.window_senders = now;
+        format!("gossip datagrams per node per s: {}", parts.join(", "))
     }
 
     /// The lines for the whole run.
@@ -188,5 +244,14 @@ mod tests {
         assert!(second.contains("suspicions 0.5") && !second.contains("transferred"), "{second}");
         assert!(t.totals().contains("suspicions 2 ("), "{}", t.totals());
         assert!(t.totals().contains("Gossip 2 (") && t.totals().contains("Records 1 ("), "{}", t.totals());
+        // Senders: the difference from the last window, per node and second.
+        let stats = tela_core::Stats { gossip_rounds_sent: 20, corrections_sent: 4, ..Default::default() };
+        let line = t.senders_window([Senders::of(stats), Senders::of(stats)].into_iter().sum(), 2, 5);
+        assert!(
+            line.contains("in gossip rounds 4.0") && line.contains("corrections of stale suspicions 0.8"),
+            "{line}"
+        );
+        let line = t.senders_window(Senders::of(stats), 2, 5);
+        assert!(line.contains("in gossip rounds 0.0"), "a stopped node's counts never go below zero: {line}");
     }
 }
