@@ -630,7 +630,9 @@ impl Node {
         }
         let mut b = ProbeBuilder::gossip(self.config.max_datagram);
         for r in records {
-            b.push(&Piggyback::Record((**r).clone()));
+            if let Some(encoded) = self.piggyback_encoding(r) {
+                b.push_encoded(&encoded);
+            }
         }
         if b.is_empty() {
             return false;
