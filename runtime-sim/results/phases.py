@@ -1,0 +1,41 @@
+"""Convergence by phase of a run with one partition, from a tela-sim report.
+
+    python3 runtime-sim/results/phases.py REPORT.json CUT_S HEAL_S
+
+Reads `convergence.changes` (when each change began; ms until every live node held it) and
+prints the count, p50, p99 and max of the changes that finished before the cut, those that
+spread while it was in force, and those that began 0-30 s, 30-60 s and over 60 s after the
+heal. Quantiles are taken as `tela-sim` takes them (nearest rank on (n - 1) * q).
+"""
+
+import json
+import sys
+
+
+def quantile(values, q):
+    values = sorted(values)
+    return values[round((len(values) - 1) * q)] if values else 0.0
+
+
+def main():
+    report = json.load(open(sys.argv[1]))
+    cut, heal = float(sys.argv[2]), float(sys.argv[3])
+    changes = report["convergence"]["changes"]
+    phases = [
+        ("finished before the cut", lambda t, ms: t + ms / 1e3 < cut),
+        ("spread while the cut was in force", lambda t, ms: t + ms / 1e3 >= cut and t <= heal),
+        ("began 0-30 s after the heal", lambda t, ms: heal < t <= heal + 30),
+        ("began 30-60 s after the heal", lambda t, ms: heal + 30 < t <= heal + 60),
+        ("began over 60 s after the heal", lambda t, ms: t > heal + 60),
+    ]
+    for name, inside in phases:
+        ms = [m for t, m in changes if inside(t, m)]
+        print(
+            f"{name}: {len(ms)} changes, p50 {quantile(ms, 0.5):.0f} ms, "
+            f"p99 {quantile(ms, 0.99):.0f} ms, max {max(ms, default=0):.0f} ms"
+        )
+    print(f"Serf's 99.99% bound: {report['convergence']['serf_bound_ms']:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
