@@ -1,7 +1,7 @@
 //! The run report: a human summary on stdout and a JSON file.
 
-use crate::sim::Sim;
-use crate::track::{quantile, Curve};
+use crate::sim::{micros, Micros, Sim};
+use crate::track::{quantile, Converged, Curve};
 use serde::Serialize;
 
 /// Percentiles of a latency sample, in milliseconds.
@@ -314,6 +314,11 @@ fn proc_status_kb(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Percentiles, in ms, of `until(c) - c.t0` over the changes `c` that pass `keep`.
+fn ms(converged: &[Converged], keep: impl Fn(&Converged) -> bool, until: impl Fn(&Converged) -> Micros) -> Percentiles {
+    Percentiles::of(converged.iter().filter(|c| keep(c)).map(|c| (until(c) - c.t0) as f64 / 1e3).collect())
+}
+
 impl Report {
     pub(crate) fn build(sim: &Sim, wall_s: f64) -> Report {
         let t = &sim.t;
@@ -325,6 +330,11 @@ impl Report {
         let p = &sim.sc.protocol;
         let serf_ms =
             serf_rounds(nodes as f64, f64::from(p.fanout), sim.sc.network.loss, 0.9999) * p.gossip_interval_ms as f64;
+        // Changes made once formed; of those, the ones whose spreading no partition overlapped.
+        let settled = |c: &Converged| c.t0 >= t.settle_at;
+        let clear = |c: &Converged| {
+            settled(c) && !sim.partitions.iter().any(|p| micros(p.start_s) <= c.all && c.t0 <= micros(p.end_s))
+        };
         let running = || sim.hosts.iter().filter_map(|h| h.node.as_ref()).map(|n| n.stats());
         let false_down = running().map(|s| s.refutations).sum();
         let marks_signed = running().map(|s| s.confirmed_down).sum();
@@ -359,15 +369,15 @@ impl Report {
             bytes_per_node_per_s: t.bytes as f64 / nodes.max(1) as f64 / sim_s.max(1e-9),
             bytes_per_node_per_s_tail: tail_bps,
             convergence: Convergence {
-                latency: Percentiles::of(t.convergence_ms.clone()),
+                latency: ms(&t.converged, |_| true, |c| c.all),
                 incomplete: t.convergence_incomplete,
                 pending_at_end: changes_pending.0,
                 oldest_pending_ms: changes_pending.1,
                 serf_bound_ms: serf_ms,
-                settled: Percentiles::of(t.convergence_settled_ms.clone()),
-                apart_from_partitions: Percentiles::of(t.convergence_clear_ms.clone()),
-                apart_from_partitions_9999: Percentiles::of(t.convergence_clear_9999_ms.clone()),
-                changes: t.convergence_changes.clone(),
+                settled: ms(&t.converged, settled, |c| c.all),
+                apart_from_partitions: ms(&t.converged, clear, |c| c.all),
+                apart_from_partitions_9999: ms(&t.converged, clear, |c| c.most),
+                changes: t.converged.iter().map(|c| (c.t0 as f64 / 1e6, (c.all - c.t0) as f64 / 1e3)).collect(),
             },
             detection: Detection {
                 all_nodes: Percentiles::of(t.detection_ms.clone()),

@@ -76,6 +76,17 @@ struct Detection {
     routed_around: bool,
 }
 
+/// A change that reached every node that had to learn it.
+#[derive(Clone, Copy, Debug)]
+pub struct Converged {
+    /// When it was made.
+    pub t0: Micros,
+    /// When every live node held it.
+    pub all: Micros,
+    /// When 99.99% of them did (Serf's measure).
+    pub most: Micros,
+}
+
 /// A finished spreading curve: (ms after the change, nodes holding it) and the target count.
 #[derive(Clone, Debug)]
 pub struct Curve {
@@ -138,21 +149,10 @@ pub(crate) struct Trackers {
     pub seconds: u64,
     second_bytes: u64,
     changes: Vec<Change>,
-    pub convergence_ms: Vec<f64>,
-    /// Every completed change: (when it began, s; ms until every node had it).
-    pub convergence_changes: Vec<(f64, f64)>,
-    /// Convergence of the changes that began once the federation had formed (at `settle_at`).
-    pub convergence_settled_ms: Vec<f64>,
+    /// Every change that reached every live node, in the order they did.
+    pub converged: Vec<Converged>,
     /// When the federation counts as formed: a minute after the last initial join.
     pub settle_at: Micros,
-    /// Convergence of the changes that began once formed and spread while no partition was
-    /// in force (none started before they reached every node, none healed after they began).
-    pub convergence_clear_ms: Vec<f64>,
-    /// For the same changes, the time until 99.99% of the nodes that must learn them had
-    /// (Serf's measure; at 10,000 nodes all but one).
-    pub convergence_clear_9999_ms: Vec<f64>,
-    /// The scenario's partitions, from their start to their heal.
-    pub partition_windows: Vec<(Micros, Micros)>,
     pub convergence_incomplete: u64,
     pub curves: Vec<Curve>,
     detections: Vec<Detection>,
@@ -332,20 +332,11 @@ impl Trackers {
                         c.curve.iter().step_by(8).collect::<Vec<_>>()
                     );
                 }
-                self.convergence_ms.push((now - c.t0) as f64 / 1e3);
-                self.convergence_changes.push((c.t0 as f64 / 1e6, (now - c.t0) as f64 / 1e3));
-                if c.t0 >= self.settle_at {
-                    self.convergence_settled_ms.push((now - c.t0) as f64 / 1e3);
-                    if !self.partition_windows.iter().any(|&(start, end)| start <= now && c.t0 <= end) {
-                        let all = (now - c.t0) as f64 / 1e3;
-                        // A node that stopped counts as done without a point on the curve; when
-                        // stops carried it past the mark, the time to everyone (a bound) stands.
-                        let need = (f64::from(c.total) * 0.9999).ceil() as u32;
-                        let most = c.curve.iter().find(|p| p.1 >= need).map_or(all, |p| f64::from(p.0));
-                        self.convergence_clear_ms.push(all);
-                        self.convergence_clear_9999_ms.push(most);
-                    }
-                }
+                // A node that stopped counts as done without a point on the curve; when stops
+                // carried it past the mark, the time to everyone (a bound) stands.
+                let need = (f64::from(c.total) * 0.9999).ceil() as u32;
+                let most = c.curve.iter().find(|p| p.1 >= need).map_or(now, |p| c.t0 + Micros::from(p.0) * 1_000);
+                self.converged.push(Converged { t0: c.t0, all: now, most });
                 if self.curves.len() < 400 {
                     self.curves.push(Curve { points: c.curve, total: c.total });
                 }

@@ -128,7 +128,6 @@ pub(crate) fn build(sim: &mut Sim) {
     for (i, p) in sim.partitions.clone().iter().enumerate() {
         sim.at(micros(p.start_s), Kind::PartitionStart(i as u32));
         sim.at(micros(p.end_s), Kind::PartitionEnd(i as u32));
-        sim.t.partition_windows.push((micros(p.start_s), micros(p.end_s)));
     }
     if sim.sc.workload.rate_per_s > 0.0 {
         let first = next_arrival(sim);
