@@ -10,7 +10,7 @@
 //! Each run is bounded in simulated time (the first seconds of the scenario: federation-1k's
 //! joins, federation-10k's formation, in which every one of 10,000 replicas restores 10,000
 //! records, then its first seconds of probing and churn) and guarded in wall time and memory
-//! (the formed 10,000-node federation holds about 18 GB). Events per second count the event
+//! (the formed 10,000-node federation holds about 9.6 GB). Events per second count the event
 //! loop only; the setup column is the formation.
 
 use tela_sim::{Limits, Scenario, Sim};
