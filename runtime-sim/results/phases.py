@@ -5,7 +5,9 @@
 Reads `convergence.changes` (when each change began; ms until every live node held it) and
 prints the count, p50, p99 and max of the changes that finished before the cut, those that
 spread while it was in force, and those that began 0-30 s, 30-60 s and over 60 s after the
-heal. Quantiles are taken as `tela-sim` takes them (nearest rank on (n - 1) * q).
+heal; then the last of these split into 60-120 s, 120-180 s and over 180 s after the heal,
+and when the last change slower than Serf's 99.99% bound began. Quantiles are taken as
+`tela-sim` takes them (nearest rank on (n - 1) * q).
 """
 
 import json
@@ -27,6 +29,9 @@ def main():
         ("began 0-30 s after the heal", lambda t, ms: heal < t <= heal + 30),
         ("began 30-60 s after the heal", lambda t, ms: heal + 30 < t <= heal + 60),
         ("began over 60 s after the heal", lambda t, ms: t > heal + 60),
+        ("  of those, 60-120 s after", lambda t, ms: heal + 60 < t <= heal + 120),
+        ("  of those, 120-180 s after", lambda t, ms: heal + 120 < t <= heal + 180),
+        ("  of those, over 180 s after", lambda t, ms: t > heal + 180),
     ]
     for name, inside in phases:
         ms = [m for t, m in changes if inside(t, m)]
@@ -34,7 +39,11 @@ def main():
             f"{name}: {len(ms)} changes, p50 {quantile(ms, 0.5):.0f} ms, "
             f"p99 {quantile(ms, 0.99):.0f} ms, max {max(ms, default=0):.0f} ms"
         )
-    print(f"Serf's 99.99% bound: {report['convergence']['serf_bound_ms']:.0f} ms")
+    bound = report["convergence"]["serf_bound_ms"]
+    print(f"Serf's 99.99% bound: {bound:.0f} ms")
+    slow = [t for t, ms in changes if ms > bound]
+    if slow:
+        print(f"last change slower than the bound began at {max(slow):.1f} s")
 
 
 if __name__ == "__main__":
