@@ -199,6 +199,8 @@ pub struct Report {
     pub events: u64,
     /// Events per wall-clock second of the event loop (setup excluded).
     pub events_per_s: f64,
+    /// The events by what they were: what a node costs the simulator.
+    pub events_by_kind: EventKinds,
     /// Peak resident memory.
     pub peak_rss_mb: u64,
     /// Determinism hash over the event trace: equal for equal scenario and seed.
@@ -361,6 +363,7 @@ impl Report {
             setup_wall_s: sim.setup_wall_s,
             events: sim.events,
             events_per_s: sim.events as f64 / (wall_s - sim.setup_wall_s).max(1e-9),
+            events_by_kind: sim.events_by_kind,
             peak_rss_mb: peak_rss_mb(),
             hash: format!("{:016x}", sim.trace_hash()),
             max_datagram_bytes: t.max_datagram,
@@ -451,7 +454,7 @@ impl Report {
         let d = &self.detection;
         let r = &self.requests;
         format!(
-            "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s), peak RSS {rss} MB, hash {hash}\n\
+            "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s; {wakes:.0}% timer wakes, {deliveries:.0}% datagrams), peak RSS {rss} MB, hash {hash}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete{cpend}); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}; apart from partitions: p50 {a50:.0} ms, p99 {a99:.0} ms, max {a100:.0} ms over {an} (to 99.99%: p99 {m99:.0} ms, max {m100:.0} ms)\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete, {drst} restarted first{dpend}); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
@@ -470,6 +473,8 @@ impl Report {
             wall = self.wall_s,
             setup = if self.setup_wall_s >= 1.0 { format!(", {:.1} s of it forming", self.setup_wall_s) } else { String::new() },
             eps = self.events_per_s,
+            wakes = self.events_by_kind.share(self.events_by_kind.wakes),
+            deliveries = self.events_by_kind.share(self.events_by_kind.deliveries),
             rss = self.peak_rss_mb,
             hash = self.hash,
             loss = self.network.loss,
@@ -534,6 +539,34 @@ impl Report {
                 _ => "ok".to_string(),
             }
         )
+    }
+}
+
+/// Events by kind: a node's timer firing, a datagram arriving, and the world's own (jobs,
+/// faults, clients, samples).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct EventKinds {
+    /// A node woken at the deadline its state machine asked for.
+    pub wakes: u64,
+    /// A datagram delivered (or dropped at a stopped host or a NAT).
+    pub deliveries: u64,
+    /// Everything else.
+    pub other: u64,
+}
+
+impl EventKinds {
+    /// Counts one event of the engine's tag `tag` (0 a wake, 1 a delivery).
+    pub(crate) fn count(&mut self, tag: u8) {
+        match tag {
+            0 => self.wakes += 1,
+            1 => self.deliveries += 1,
+            _ => self.other += 1,
+        }
+    }
+
+    /// `n` as a percentage of all events counted.
+    pub fn share(&self, n: u64) -> f64 {
+        100.0 * n as f64 / (self.wakes + self.deliveries + self.other).max(1) as f64
     }
 }
 

@@ -263,6 +263,8 @@ pub struct Sim {
     pub(crate) t: Trackers,
     trace: u64,
     pub(crate) events: u64,
+    /// Of those, node timer wakes and datagram deliveries; the rest are the world's.
+    pub(crate) events_by_kind: crate::report::EventKinds,
     pub(crate) violation: Option<String>,
     pub(crate) aborted: Option<String>,
     pub(crate) limits: Limits,
@@ -328,6 +330,7 @@ impl Sim {
             t: Trackers::default(),
             trace: 0,
             events: 0,
+            events_by_kind: crate::report::EventKinds::default(),
             violation: None,
             aborted: None,
             limits,
@@ -352,6 +355,7 @@ impl Sim {
             self.now = ev.at;
             self.events += 1;
             let (tag, a, b) = ev.kind.tag();
+            self.events_by_kind.count(tag);
             self.trace = FixedState::default().hash_one((self.trace, ev.at, tag, a, b));
             self.dispatch(ev.kind);
             if self.violation.is_some() || self.aborted.is_some() {

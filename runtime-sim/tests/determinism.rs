@@ -37,6 +37,12 @@ fn same_hash_twice(scenario: &str, seed: u64) {
     }
     assert_eq!(a["hash"], b["hash"], "{scenario} seed {seed}: two runs diverged");
     assert_eq!(a["events"], b["events"]);
+    assert_eq!(a["events_by_kind"], b["events_by_kind"]);
+    // Every event is counted once, by kind; nodes both wake and hear from each other.
+    let kinds = &a["events_by_kind"];
+    let count = |k: &str| kinds[k].as_u64().unwrap_or_else(|| panic!("report lacks events_by_kind.{k}"));
+    assert_eq!(count("wakes") + count("deliveries") + count("other"), a["events"].as_u64().expect("events"));
+    assert!(count("wakes") > 0 && count("deliveries") > 0, "{kinds}");
     assert_eq!(a["requests"], b["requests"]);
     // A different seed is a different run.
     let c = run(scenario, seed + 1, dir.path(), "c");
