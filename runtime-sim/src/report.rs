@@ -546,7 +546,8 @@ impl Report {
 /// faults, clients, samples).
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct EventKinds {
-    /// A node woken at the deadline its state machine asked for.
+    /// A node woken at the deadline its state machine asked for (stale wakes, for a deadline
+    /// the node has moved since, included: they are events all the same).
     pub wakes: u64,
     /// A datagram delivered (or dropped at a stopped host or a NAT).
     pub deliveries: u64,
