@@ -556,11 +556,11 @@ pub struct EventKinds {
 }
 
 impl EventKinds {
-    /// Counts one event of the engine's tag `tag` (0 a wake, 1 a delivery).
-    pub(crate) fn count(&mut self, tag: u8) {
-        match tag {
-            0 => self.wakes += 1,
-            1 => self.deliveries += 1,
+    /// Counts one event.
+    pub(crate) fn count(&mut self, kind: &crate::sim::Kind) {
+        match kind {
+            crate::sim::Kind::Wake(_) => self.wakes += 1,
+            crate::sim::Kind::Deliver { .. } => self.deliveries += 1,
             _ => self.other += 1,
         }
     }

@@ -354,8 +354,8 @@ impl Sim {
             }
             self.now = ev.at;
             self.events += 1;
+            self.events_by_kind.count(&ev.kind);
             let (tag, a, b) = ev.kind.tag();
-            self.events_by_kind.count(tag);
             self.trace = FixedState::default().hash_one((self.trace, ev.at, tag, a, b));
             self.dispatch(ev.kind);
             if self.violation.is_some() || self.aborted.is_some() {
