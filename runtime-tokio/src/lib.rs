@@ -82,18 +82,11 @@
 //!
 //! # Tests
 //!
-//! `tests/` holds one file per behaviour, each starting real `tela` processes on loopback
-//! (built on first use with the same cargo and target directory, or taken from `$TELA_BIN`)
-//! and, where it needs one, an anchor embedded in the test process. Every child is killed
-//! when its test ends and every wait is bounded. `real_engine_llama_cpp` needs the engine
-//! that `.ci/setup-engine.sh` installs: export the two variables it prints
-//! (`TELA_LLAMA_PYTHON`, `TELA_LLAMA_MODEL`); without them it prints a "skipped" line, and
-//! fails when `CI=true`.
-//!
-//! `slurm_sbatch` and `slurm_rest` submit jobs that run the real `tela node` to a real local
-//! Slurm, started (as root) by `.ci/slurm/start.sh`, which also writes the variables they read
-//! to `/run/tela-slurm/env`. Without it they print a "skipped" line, and fail when
-//! `TELA_REQUIRE_SLURM=1` (as in CI).
+//! Unit tests live beside the code. The integration tests that drive real `tela node` and
+//! `tela anchor` processes live in `gateway/tests/` (the package that owns the `tela` binary,
+//! so Cargo builds it before any test's clock starts): `federation_forms_*`,
+//! `admission_refusals_say_why`, `engine_death_turns_node_down`, `sigusr1_drains_open_streams`,
+//! `real_engine_llama_cpp`, `slurm_sbatch`, `slurm_rest` and the walltime test.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use hyper::Response;
 use hyper_util::rt::TokioIo;
 
-#[path = "../../../runtime-tokio/tests/common/ports.rs"]
+#[path = "../procs/ports.rs"]
 mod ports;
 #[allow(unused_imports)] // not every test binary starts a server on a chosen port
 pub use ports::free_port;

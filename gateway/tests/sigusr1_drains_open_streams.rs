@@ -2,10 +2,10 @@
 //! turns DOWN at once (new streams get 503), the open streams run to their end, then the node
 //! is LEFT and the process exits 0.
 
-mod common;
+mod procs;
 
-use common::*;
 use nix::sys::signal::Signal;
+use procs::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tela_core::Lifecycle;

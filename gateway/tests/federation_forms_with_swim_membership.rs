@@ -2,10 +2,10 @@
 //! real QUIC on loopback: they form the federation and agree on the registry, and a node killed
 //! without a word (SIGKILL) is taken out of routing by the failure detector and confirmed DOWN.
 
-mod common;
+mod procs;
 
-use common::*;
 use nix::sys::signal::Signal;
+use procs::*;
 use std::time::{Duration, Instant};
 use tela_core::Lifecycle;
 use tela_runtime::Membership;

@@ -1,9 +1,9 @@
 //! The same federation with the TCP+TLS fallback forced (`--transport tcp`), as at sites that
 //! block UDP.
 
-mod common;
+mod procs;
 
 #[test]
 fn three_nodes_and_an_anchor_agree_on_the_registry_over_tcp() {
-    common::federation_agrees("tcp", tela_transports::Transport::Tcp);
+    procs::federation_agrees("tcp", tela_transports::Transport::Tcp);
 }

@@ -2,9 +2,9 @@
 //! drain window before the end on its own: DOWN, then LEFT, then exit 0. (`squeue` here is a
 //! stand-in script on PATH that answers like Slurm's and records how it was called.)
 
-mod common;
+mod procs;
 
-use common::*;
+use procs::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 use tela_core::Lifecycle;

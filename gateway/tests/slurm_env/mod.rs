@@ -1,11 +1,11 @@
 //! The local Slurm the `slurm_*` tests submit to, and the scenario they run against each
 //! backend. `.ci/slurm/start.sh` starts that Slurm and prints (and keeps in
-//! `/run/tela-slurm/env`) the variables read here. Without it the tests print a "skipped" line
-//! and pass, unless `TELA_REQUIRE_SLURM=1`, where they fail.
+//! `/run/tela-slurm/env`) the variables read here. The tests that need it are ignored when the build found
+//! none (`gateway/build.rs`), and fail when it was named but cannot be reached.
 
 #![allow(dead_code)]
 
-use crate::common;
+use crate::procs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tela_core::placement::{Placement, Variant};
@@ -34,8 +34,8 @@ pub fn one_gpu() -> Placement {
 /// joining `join`, with their files in `dir`.
 pub fn template(env: &SlurmEnv, dir: &Path, join: &str) -> JobTemplate {
     let secret = dir.join("join-secret");
-    std::fs::write(&secret, format!("{}\n", common::SECRET)).expect("write the secret file");
-    let tela = common::tela_bin().to_str().expect("utf-8 path").to_string();
+    std::fs::write(&secret, format!("{}\n", procs::SECRET)).expect("write the secret file");
+    let tela = procs::tela_bin().to_str().expect("utf-8 path").to_string();
     let mut t = JobTemplate::new(
         tela.clone(),
         vec![join.to_string()],
@@ -93,7 +93,7 @@ pub fn squeue_lists_live(id: BatchJobId) -> bool {
 pub async fn serving_job_drains_and_a_cancelled_job_ends(batch: &dyn BatchSystem, env: &SlurmEnv) {
     let name = batch.name().to_string();
     let dir = tempfile::Builder::new().prefix("tela-slurm-test").tempdir().expect("tempdir");
-    let anchor = common::anchor().await;
+    let anchor = procs::anchor().await;
     let template = template(env, dir.path(), &anchor.local_addr().to_string());
     let model = format!("slurm-test-{}", name.split_whitespace().next().unwrap_or("x"));
 
@@ -112,9 +112,9 @@ pub async fn serving_job_drains_and_a_cancelled_job_ends(batch: &dyn BatchSystem
 
     // The id in the comment is the node that joined the federation and serves the model.
     let serving = |s: &tela_runtime::status::RegistrySnapshot| {
-        common::record_in(s, &node, Lifecycle::Serve).is_some() && s.replica().serving(&model).contains(&node)
+        procs::record_in(s, &node, Lifecycle::Serve).is_some() && s.replica().serving(&model).contains(&node)
     };
-    common::until(&anchor, "the job's node serving the model", Duration::from_secs(60), serving).await;
+    procs::until(&anchor, "the job's node serving the model", Duration::from_secs(60), serving).await;
 
     // 2. Drain: the batch shell's trap gets the signal, the node leaves, the job ends by itself.
     batch.signal(id, JobSignal::Drain).await.unwrap_or_else(|e| panic!("{name}: drain: {e}"));
@@ -127,8 +127,8 @@ pub async fn serving_job_drains_and_a_cancelled_job_ends(batch: &dyn BatchSystem
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    common::until(&anchor, "the drained node LEFT", Duration::from_secs(60), |s| {
-        common::record_in(s, &node, Lifecycle::Left).is_some()
+    procs::until(&anchor, "the drained node LEFT", Duration::from_secs(60), |s| {
+        procs::record_in(s, &node, Lifecycle::Left).is_some()
     })
     .await;
     let ended =
@@ -192,7 +192,7 @@ pub async fn a_refused_job_says_why(batch: &dyn BatchSystem, env: &SlurmEnv) {
 pub async fn a_job_near_its_limit_drains_by_itself(batch: &dyn BatchSystem, env: &SlurmEnv, via_signal: bool) {
     let name = batch.name().to_string();
     let dir = tempfile::Builder::new().prefix("tela-slurm-walltime").tempdir().expect("tempdir");
-    let anchor = common::anchor().await;
+    let anchor = procs::anchor().await;
     let mut template = template(env, dir.path(), &anchor.local_addr().to_string());
     // Two minutes, of which the last 30 s are the drain window: the warning is asked for 90 s
     // before the limit (30 s into the job, up to 30 s late), the node's own timer fires 90 s in.
@@ -207,10 +207,10 @@ pub async fn a_job_near_its_limit_drains_by_itself(batch: &dyn BatchSystem, env:
     // Joined, in whatever state: Slurm checks limits every 30 s, so its warning may come ~30 s
     // into the job, and a node that starts slowly (a loaded machine) gets it while it is still
     // joining and leaves without ever serving, as it should.
-    common::until(&anchor, "the job's node in the registry", Duration::from_secs(60), |s| s.record(&node).is_some())
+    procs::until(&anchor, "the job's node in the registry", Duration::from_secs(60), |s| s.record(&node).is_some())
         .await;
-    common::until(&anchor, "the node LEFT before the limit", Duration::from_secs(150), |s| {
-        common::record_in(s, &node, Lifecycle::Left).is_some()
+    procs::until(&anchor, "the node LEFT before the limit", Duration::from_secs(150), |s| {
+        procs::record_in(s, &node, Lifecycle::Left).is_some()
     })
     .await;
     let ended = wait_job(batch, id, "ended", Duration::from_secs(30), |j| j.state == BatchState::Ended).await;

@@ -3,11 +3,11 @@
 //! its own); and a node process that is drained (`tela drain`) and started again comes back
 //! in a newer generation still. A node killed outright takes its launched engine with it.
 
-mod common;
+mod procs;
 
-use common::*;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use procs::*;
 use std::time::Duration;
 use tela_core::Lifecycle;
 

@@ -4,9 +4,9 @@
 //! and why, and the node never enters the registry — while a node that belongs joins the same
 //! anchor.
 
-mod common;
+mod procs;
 
-use common::*;
+use procs::*;
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! Helpers for the integration tests: the `tela` binary, child processes that are killed when
+//! Helpers for the integration tests that drive `tela node` and `tela anchor` processes: the
+//! `tela` binary, child processes that are killed when
 //! the test ends (whatever way it ends), their logs, an anchor embedded in the test process,
 //! and bounded waits. Every process binds 127.0.0.1 only.
 
@@ -7,7 +8,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tela_core::{Lifecycle, NodeId, SharedRecord};
 use tela_runtime::anchor::{Anchor, AnchorConfig};
@@ -21,54 +22,10 @@ pub use ports::free_port;
 
 pub const SECRET: &str = "integration-test-secret";
 
-/// The `tela` binary: `$TELA_BIN`, or built now with the same cargo and target directory as
-/// the tests (a no-op when `cargo test --workspace` already built it).
+/// The `tela` binary Cargo built for these tests (this package owns it, so Cargo builds it
+/// before any test starts and no clock runs while it does).
 pub fn tela_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("TELA_BIN") {
-            return PathBuf::from(bin);
-        }
-        let release = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent()?.parent().map(|p| p.ends_with("release")))
-            .unwrap_or(false);
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "tela-gateway", "--bin", "tela", "--message-format=json"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stderr(Stdio::inherit());
-        if release {
-            cmd.arg("--release");
-        }
-        // Variables cargo sets for this test would make the nested build look different
-        // (some build scripts watch them) and rebuild half the tree.
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy().into_owned();
-            if key.starts_with("CARGO_PKG_")
-                || matches!(
-                    key.as_str(),
-                    "CARGO_MANIFEST_DIR"
-                        | "CARGO_MANIFEST_PATH"
-                        | "CARGO_CRATE_NAME"
-                        | "CARGO_BIN_NAME"
-                        | "CARGO_PRIMARY_PACKAGE"
-                        | "CARGO_TARGET_TMPDIR"
-                        | "OUT_DIR"
-                )
-            {
-                cmd.env_remove(key);
-            }
-        }
-        let out = cmd.output().expect("run cargo build for the tela binary");
-        assert!(out.status.success(), "building the tela binary failed");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|m| m["target"]["name"] == "tela")
-            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reported the tela executable")
-    })
+    Path::new(env!("CARGO_BIN_EXE_tela"))
 }
 
 /// A child process killed (SIGKILL) and reaped when dropped; its stderr (and stdout) lines
