@@ -2,7 +2,8 @@
 //! secret, or running another membership protocol than the federation. The node's log carries
 //! the typed reason and what to do, the anchor (a `tela anchor` process) logs whom it refused
 //! and why, and the node never enters the registry — while a node that belongs joins the same
-//! anchor.
+//! anchor. Retrying cannot fix either refusal, so the refused node gives up after a few
+//! attempts: one error line, a non-zero exit, and it never calls itself SERVE on the way.
 
 mod procs;
 
@@ -35,6 +36,23 @@ fn anchor_process(dir: &Path, extra: &[&str]) -> (Proc, String, std::path::PathB
     (anchor, addr, anchor_sock)
 }
 
+/// The refused node gives up by itself: exit status 78 (`EX_CONFIG`), exactly one error line
+/// that says why, and no line calling itself SERVE, though its engine may be ready.
+fn gives_up_with_one_error_line(refused: &mut Proc, why: &str) {
+    let code = refused.wait_exit(Duration::from_secs(40));
+    let log = refused.log_text();
+    assert_eq!(code, Some(78), "the refused node must stop with EX_CONFIG:\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one error line, not {}:\n{log}", errors.len());
+    assert!(errors[0].contains("giving up: every --join address refused this node"), "{}", errors[0]);
+    assert!(errors[0].contains(why), "{}", errors[0]);
+    if log.contains("is ready, serving") {
+        // The engine was found ready before the node gave up: the node says it waits for a gateway.
+        assert!(log.contains("this node turns SERVE once a gateway admits it"), "{log}");
+    }
+    assert!(!log.contains("is now SERVE"), "a node nobody admitted must not call itself SERVE:\n{log}");
+}
+
 /// Waits until `good` is in the registry behind `control`, checking all along that `bad` never is.
 async fn joins_while_the_other_never_does(control: &Path, good: &tela_core::NodeId, bad: &tela_core::NodeId) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -57,14 +75,14 @@ async fn joins_while_the_other_never_does(control: &Path, good: &tela_core::Node
 
 #[test]
 fn a_node_with_the_wrong_secret_is_refused_and_both_sides_say_why() {
-    run_test(Duration::from_secs(60), async {
+    run_test(Duration::from_secs(90), async {
         let dir = tempfile::tempdir().expect("tempdir");
         let (anchor, addr, anchor_sock) = anchor_process(dir.path(), &[]);
 
         let (_engine, url) = engine_sim("engine", "m", &[]);
         let bad_files = NodeFiles::new(dir.path(), "intruder");
         let bad_id = bad_files.node_id();
-        let intruder = node("intruder", &bad_files, &addr, "not-the-secret", &["--backend-url", &url]);
+        let mut intruder = node("intruder", &bad_files, &addr, "not-the-secret", &["--backend-url", &url]);
         let good_files = NodeFiles::new(dir.path(), "member");
         let good_id = good_files.node_id();
         let _member = node("member", &good_files, &addr, SECRET, &["--backend-url", &url]);
@@ -85,12 +103,13 @@ fn a_node_with_the_wrong_secret_is_refused_and_both_sides_say_why() {
             "the refused node must not count as connected:\n{}",
             intruder.log_text()
         );
+        gives_up_with_one_error_line(&mut intruder, "join secret mismatch");
     });
 }
 
 #[test]
 fn a_node_running_another_membership_protocol_is_refused_and_both_sides_say_why() {
-    run_test(Duration::from_secs(60), async {
+    run_test(Duration::from_secs(90), async {
         let dir = tempfile::tempdir().expect("tempdir");
         let (anchor, addr, anchor_sock) = anchor_process(dir.path(), &["--membership", "swim"]);
 
@@ -99,7 +118,7 @@ fn a_node_running_another_membership_protocol_is_refused_and_both_sides_say_why(
         // declared dead, refute, and flap for as long as it stayed connected.
         let stray_files = NodeFiles::new(dir.path(), "stray");
         let stray_id = stray_files.node_id();
-        let stray = node("stray", &stray_files, &addr, SECRET, &["--backend-url", &url]);
+        let mut stray = node("stray", &stray_files, &addr, SECRET, &["--backend-url", &url]);
         let good_files = NodeFiles::new(dir.path(), "member");
         let good_id = good_files.node_id();
         let _member = node("member", &good_files, &addr, SECRET, &["--backend-url", &url, "--membership", "swim"]);
@@ -116,5 +135,6 @@ fn a_node_running_another_membership_protocol_is_refused_and_both_sides_say_why(
 
         joins_while_the_other_never_does(&anchor_sock, &good_id, &stray_id).await;
         assert!(!stray.log_text().contains("connected to"), "the refused node must not count as connected");
+        gives_up_with_one_error_line(&mut stray, "membership protocol mismatch");
     });
 }

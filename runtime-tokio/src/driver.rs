@@ -37,6 +37,11 @@ use tokio_util::sync::CancellationToken;
 /// How often the driver checks that it is connected to every gateway in the registry.
 const GATEWAY_DIAL_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Refusals in a row, each for a reason retrying cannot fix (wrong join secret, another
+/// release or membership protocol), after which a join address is given up. More than one,
+/// so that a gateway restarting with its new settings half-applied does not end a node.
+pub(crate) const PERMANENT_REFUSALS_BEFORE_GIVING_UP: u32 = 3;
+
 /// What the driver's queue carries.
 pub(crate) enum ToDriver {
     /// A connection was made (dialled or accepted) and admitted.
@@ -47,6 +52,8 @@ pub(crate) enum ToDriver {
     Closed { peer: NodeId, conn: u64, reason: Option<CloseReason> },
     /// A background dial of a public peer failed.
     DialFailed { peer: NodeId, error: String },
+    /// A `--join` address refused this node for good, and is no longer dialled.
+    JoinRefused { addr: String, error: String },
     /// Local news for the core.
     Local(Input),
     /// Stop now.
@@ -84,6 +91,10 @@ pub(crate) struct Driver {
     last_local: Option<(u64, Lifecycle)>,
     last_records_changed: u64,
     last_load: u32,
+    /// Whether any peer has admitted this node since it started.
+    admitted: bool,
+    /// `--join` addresses given up after permanent refusals, with the last refusal.
+    refused_joins: Vec<(String, String)>,
 }
 
 impl Driver {
@@ -122,6 +133,8 @@ impl Driver {
             last_local: None,
             last_records_changed: 0,
             last_load: 0,
+            admitted: false,
+            refused_joins: Vec::new(),
         }
     }
 
@@ -161,6 +174,9 @@ impl Driver {
         let exit = loop {
             if let Some(exit) = self.drain_outputs() {
                 break exit;
+            }
+            if self.refused_everywhere() {
+                break Exit::Refused;
             }
             self.publish_if_due();
             let deadline = self.view.shared.clock.instant_of(self.deadline);
@@ -236,6 +252,7 @@ impl Driver {
                     self.mark_urgent();
                 }
             }
+            ToDriver::JoinRefused { addr, error } => self.refused_joins.push((addr, error)),
             ToDriver::DialFailed { peer, error } => {
                 if let Some(d) = self.dials.get_mut(&peer) {
                     d.in_progress = false;
@@ -254,6 +271,38 @@ impl Driver {
             }
             ToDriver::Shutdown => {}
         }
+    }
+
+    fn log_local_state(&self, generation: u64, state: Lifecycle) {
+        let r = self.node.local_record();
+        let names: Vec<&str> = r.models.as_slice().iter().map(|m| m.name.as_str()).collect();
+        tracing::info!(
+            generation,
+            state = state.as_str(),
+            "this node ({}) is now {} in generation {generation} (models: {})",
+            r.id,
+            state.as_str(),
+            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+        );
+    }
+
+    /// Whether every `--join` address has refused this node for good while no peer holds a
+    /// connection to it: nothing left to wait for. Logs the one line that says why.
+    fn refused_everywhere(&self) -> bool {
+        if !self.config.exit_when_refused
+            || self.config.join.is_empty()
+            || self.refused_joins.len() < self.config.join.len()
+            || !self.view.shared.peers.peers().is_empty()
+        {
+            return false;
+        }
+        let why: Vec<String> = self.refused_joins.iter().map(|(addr, error)| format!("{addr}: {error}")).collect();
+        tracing::error!(
+            "giving up: every --join address refused this node {PERMANENT_REFUSALS_BEFORE_GIVING_UP} times for a \
+             reason retrying cannot fix ({})",
+            why.join("; ")
+        );
+        true
     }
 
     fn on_connected(&mut self, conn: Connection) {
@@ -282,6 +331,13 @@ impl Driver {
             let now = self.now();
             self.node.handle_input(now, Input::PeerConnected(peer));
             self.mark_urgent();
+        }
+        if !self.admitted {
+            self.admitted = true;
+            if let Some((generation, state)) = self.last_local {
+                // Held back until now: a node nobody admitted serves no one.
+                self.log_local_state(generation, state);
+            }
         }
         self.tasks.spawn(serve_connection(conn, id, self.tx.clone(), self.streams.clone(), self.view.clone()));
     }
@@ -400,17 +456,15 @@ impl Driver {
             }
             Event::Discovered(id) => tracing::info!(peer = %id, "discovered node {id}"),
             Event::LocalState { generation, state } => {
-                let r = self.node.local_record();
-                let names: Vec<&str> = r.models.as_slice().iter().map(|m| m.name.as_str()).collect();
                 if self.last_local != Some((*generation, *state)) {
-                    tracing::info!(
-                        generation,
-                        state = state.as_str(),
-                        "this node ({}) is now {} in generation {generation} (models: {})",
-                        r.id,
-                        state.as_str(),
-                        if names.is_empty() { "none".to_string() } else { names.join(", ") }
-                    );
+                    if self.admitted || *state != Lifecycle::Serve || self.config.join.is_empty() {
+                        self.log_local_state(*generation, *state);
+                    } else {
+                        tracing::info!(
+                            "the engine is ready; this node turns SERVE once a gateway admits it (joining via {})",
+                            self.config.join.join(", ")
+                        );
+                    }
                 }
                 self.last_local = Some((*generation, *state));
                 self.mark_urgent();
@@ -459,7 +513,7 @@ impl Driver {
         self.publish();
         let reason = match exit {
             Exit::Left => "node left the federation",
-            Exit::Shutdown | Exit::Crashed => "node shutting down",
+            Exit::Shutdown | Exit::Crashed | Exit::Refused => "node shutting down",
         };
         for conn in self.view.shared.peers.drain_all() {
             conn.close(reason);
@@ -558,6 +612,7 @@ async fn keep_joined(
     tx: mpsc::Sender<ToDriver>,
 ) {
     let mut failures = 0u32;
+    let mut permanent = 0u32;
     loop {
         let target = resolve(&addr).await;
         let result = match target {
@@ -567,6 +622,7 @@ async fn keep_joined(
         match result {
             Ok(conn) => {
                 failures = 0;
+                permanent = 0;
                 backoff.reset();
                 if tx.send(ToDriver::Connected(conn.clone())).await.is_err() {
                     return;
@@ -576,7 +632,20 @@ async fn keep_joined(
             }
             Err(e) => {
                 failures += 1;
+                if !matches!(&e, JoinFailure::Connect(ce) if ce.is_permanent()) {
+                    permanent = 0; // refusals in a row only
+                }
                 match &e {
+                    JoinFailure::Connect(ce) if ce.is_permanent() => {
+                        permanent += 1;
+                        tracing::warn!(
+                            "cannot join via {addr} (refusal {permanent} of {PERMANENT_REFUSALS_BEFORE_GIVING_UP}): {ce}"
+                        );
+                        if permanent >= PERMANENT_REFUSALS_BEFORE_GIVING_UP {
+                            let _ = tx.send(ToDriver::JoinRefused { addr, error: ce.to_string() }).await;
+                            return;
+                        }
+                    }
                     JoinFailure::Connect(ce @ ConnectError::Refused { .. }) => {
                         tracing::error!("cannot join via {addr}: {ce}");
                     }

@@ -45,6 +45,11 @@ pub struct RuntimeConfig {
     /// Snapshots are republished at most this often for heartbeat-only changes; lifecycle and
     /// routability changes are published at once.
     pub snapshot_interval: Duration,
+    /// Stop ([`Exit::Refused`]) once every join address has refused this node for a reason
+    /// retrying cannot fix and no peer holds a connection to it: a serving node in a batch job
+    /// must not burn its allocation redialling. Off for gateways and anchors, which serve
+    /// whoever connects to them whatever their own joins say.
+    pub exit_when_refused: bool,
 }
 
 impl RuntimeConfig {
@@ -62,6 +67,7 @@ impl RuntimeConfig {
             redial_initial: Duration::from_millis(500),
             redial_max: Duration::from_secs(10),
             snapshot_interval: Duration::from_millis(100),
+            exit_when_refused: false,
         }
     }
 }
@@ -187,6 +193,9 @@ pub enum Exit {
     Shutdown,
     /// The driver task ended abnormally (a bug); details are in the log.
     Crashed,
+    /// Every join address refused this node for good (see
+    /// [`RuntimeConfig::exit_when_refused`]); the reason is in the log.
+    Refused,
 }
 
 /// A running node. Dropping it stops the driver and closes every connection.

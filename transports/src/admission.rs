@@ -104,6 +104,18 @@ pub enum RefusalReason {
 }
 
 impl RefusalReason {
+    /// Whether asking again cannot help: the secret, the version or the membership protocol
+    /// would have to change first. Handshake failures, protocol violations and time-outs may be
+    /// a flaky network or an overloaded gateway, and are worth retrying.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            RefusalReason::JoinSecretMismatch
+                | RefusalReason::VersionMismatch { .. }
+                | RefusalReason::MembershipMismatch { .. }
+        )
+    }
+
     /// What the refused side should do about it.
     pub fn hint(&self) -> &'static str {
         match self {

@@ -129,6 +129,20 @@ impl FromStr for TransportMode {
     }
 }
 
+impl ConnectError {
+    /// Whether dialling the same address again cannot succeed until someone changes a setting
+    /// (the join secret, the release, the membership protocol) on one side or the other.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ConnectError::Refused { reason, .. } => reason.is_permanent(),
+            ConnectError::PeerNotAdmitted { .. } | ConnectError::VersionMismatch { .. } => true,
+            // One transport reached the peer and was refused for good: the other cannot help.
+            ConnectError::NeitherTransport { quic, tcp, .. } => quic.is_permanent() || tcp.is_permanent(),
+            _ => false,
+        }
+    }
+}
+
 /// Why a dial did not produce a connection. Nothing is left open after any of these.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {

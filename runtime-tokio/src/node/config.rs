@@ -22,7 +22,13 @@ LIFECYCLE
   JOIN at start; SERVE once the engine answers GET /health (or, where there is none, as on the
   llama.cpp server, GET /v1/models) and its models are known; DOWN when draining or when the
   engine fails; LEFT when in-flight requests are done (or the drain window has passed); then
-  the engine is stopped (if the node launched it) and the process exits 0.
+  the engine is stopped (if the node launched it) and the process exits 0. A node counts as
+  SERVE in its log only once a gateway has admitted it.
+
+  Exit status: 0 after a drain; 78 when every --join address refused the node three times in
+  a row for a reason retrying cannot fix (wrong join secret, another release or membership
+  protocol: the error line says which); 130 after a second Ctrl-C; 1 on an internal failure.
+  Unreachable or overloaded gateways are redialled for as long as the node runs.
 
   Draining starts on SIGTERM, SIGUSR1, Ctrl-C, `tela drain`, or one drain window before the
   walltime: --walltime, else inside a Slurm job the job's remaining time (SLURM_JOB_END_TIME,

@@ -51,6 +51,10 @@ pub enum NodeError {
 /// Exit status when a second Ctrl-C stopped the node without finishing its drain.
 pub const EXIT_INTERRUPTED: i32 = 130;
 
+/// Exit status when every `--join` address refused the node for a reason retrying cannot fix
+/// (`EX_CONFIG`: a setting must change first).
+pub const EXIT_REFUSED: i32 = 78;
+
 impl NodeArgs {
     /// Runs the node until it has left; returns the process exit status (0 after a drain).
     pub async fn run(self) -> Result<i32, NodeError> {
@@ -88,6 +92,7 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     let mut config = RuntimeConfig::new(core);
     config.join = settings.join.clone();
     config.transport = settings.transport;
+    config.exit_when_refused = true;
 
     let mut endpoint = EndpointConfig::new(identity, settings.join_secret.clone());
     // Named at admission: an anchor running another membership protocol refuses this node.
@@ -166,6 +171,7 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
         }
         Exit::Shutdown => EXIT_INTERRUPTED,
         Exit::Crashed => 1,
+        Exit::Refused => EXIT_REFUSED,
     })
 }
 
