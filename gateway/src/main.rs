@@ -16,7 +16,7 @@ use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, no
 #[command(name = "tela", version, propagate_version = true)]
 struct Cli {
     /// Log level or filter (e.g. `info`, `debug`, `tela_gateway=debug,info`); overrides
-    /// RUST_LOG. Logs go to stderr.
+    /// RUST_LOG. Logs go to stderr (`tela demo`: to a file in its directory unless --verbose).
     #[arg(long, global = true, value_name = "FILTER")]
     log: Option<String>,
 
@@ -43,7 +43,10 @@ fn main() -> anyhow::Result<()> {
     if let (Command::Gateway(gateway), Some(("gateway", sub))) = (&mut cli.command, matches.subcommand()) {
         gateway.note_explicit(sub);
     }
-    tela_gateway::logging::init(cli.log.as_deref())?;
+    match &cli.command {
+        Command::Demo(demo) => demo.init_logging(cli.log.as_deref())?,
+        _ => tela_gateway::logging::init(cli.log.as_deref())?,
+    }
     // A node forwards for one engine: on one thread, a request's hops (tunnel stream, engine
     // connection, back) are plain task switches, where a multi-threaded scheduler wakes idle
     // workers on other cores for each of them and adds their wake-up latency to every request.
