@@ -4,8 +4,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Benchmark
 use std::sync::Arc;
 use std::time::Duration;
 use tela_benches::{model_name, record, registry, registry_record};
-use tela_core::wire::{self, Builder, DigestEntry, MAX_DATAGRAM};
-use tela_core::{auth, Identity, Lifecycle, Model, ModelSet, Record, Time, Verifier, Version};
+use tela_core::wire::{self, Builder, MAX_DATAGRAM};
+use tela_core::{auth, Identity, Lifecycle, Model, ModelSet, Record, Time, Verifier};
 
 /// Nodes in the registry of the merge and lookup benches.
 const NODES: u64 = 10_000;
@@ -86,22 +86,6 @@ fn datagram(c: &mut Criterion) {
         })
     });
 
-    let entries: Vec<DigestEntry> = records
-        .iter()
-        .map(|r| DigestEntry {
-            id: r.id,
-            version: Version { generation: r.generation, state: r.state, heartbeat: r.heartbeat + 1_000_000 },
-            stamp: 0x5eed_5eed,
-        })
-        .collect();
-    let (count, bytes) = full_datagram(&entries);
-    group.throughput(Throughput::Bytes(bytes as u64));
-    group.bench_function(BenchmarkId::new("digest_encode_decode", format!("{count}x{bytes}B")), |b| {
-        b.iter(|| {
-            let datagram = fill(black_box(&entries)).finish();
-            wire::decode(&datagram)
-        })
-    });
     group.finish();
 }
 

@@ -7,7 +7,7 @@
 //!   into a registry of 10,000 nodes, and a raw [`Record::join`] of two versions of one
 //!   generation; reported as merges per second;
 //! - **datagram** — filling a [`tela_core::wire::Builder`] with records (two models each, public
-//!   address) or with digest entries until it is full, finishing it and decoding it again with
+//!   address) until it is full, finishing it and decoding it again with
 //!   [`tela_core::wire::decode`]; reported in bytes per second and time per full datagram;
 //! - **lookup** — [`Replica::serving`] in a registry of 10,000 nodes whose models are spread over
 //!   [`MODEL_NAMES`] names (about 500 hosts per model), and the lookup of a model nobody hosts.
@@ -34,10 +34,6 @@ use tela_core::{
 
 /// Number of distinct model names in [`registry`].
 pub const MODEL_NAMES: u64 = 20;
-
-/// How long a replica waits for a heartbeat before it judges a node dead; long enough that no
-/// node dies during a bench.
-pub const DEAD_AFTER: core::time::Duration = core::time::Duration::from_secs(3600);
 
 /// A generation as a runtime would pick it: wall-clock milliseconds at start.
 const GENERATION_BASE: u64 = 1_760_000_000_000;
@@ -88,7 +84,7 @@ pub fn registry(nodes: u64, models_per_node: u64) -> Replica {
         Reachability::Public("203.0.113.1:7946".to_string()),
     );
     local.state = Lifecycle::Serve;
-    let mut replica = Replica::new(local, Time::ZERO, DEAD_AFTER);
+    let mut replica = Replica::new(local, Time::ZERO);
     for n in 1..=nodes {
         replica.merge(Time::ZERO, Arc::new(registry_record(n, models_per_node)));
     }

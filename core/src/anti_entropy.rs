@@ -24,7 +24,7 @@
 //!
 //! Both sides hash with the same function ([`sync_hash`]), fixed for a given wire version.
 //!
-//! In Swim mode peers are picked among the living, so after a partition that outlasted the
+//! Peers are picked among the living, so after a partition that outlasted the
 //! suspicion timeout each side holds the other DOWN and neither would ever pick the other.
 //! As Serf reconnects to failed members, every [`RECONNECT_INTERVAL`] a node also runs an
 //! exchange with a random member held DOWN that it can reach: if that one is alive, the exchange brings it
@@ -58,14 +58,14 @@ pub const MAX_EXCHANGE_DATAGRAMS: usize = 8;
 /// Delay before the next exchange with the same peer when the last one found differences.
 pub const FOLLOW_UP: Duration = Duration::from_millis(250);
 /// A [`crate::wire::Message::Records`] of more records than this is a bulk transfer, whose
-/// news Swim mode does not piggyback on (see [`crate::swim_mode`]).
+/// news the membership does not piggyback on (see [`crate::membership`]).
 pub const BULK_RECORDS: usize = 3;
 /// Records found differing in one exchange above which the next exchange with the same peer
 /// follows after [`FOLLOW_UP`].
 pub const FOLLOW_UP_RECORDS: usize = 16;
 /// Exchanges a node answers per second; more are ignored.
 pub const MAX_SERVED_PER_SECOND: u32 = 8;
-/// In Swim mode, how often a node also runs an exchange with a random member it holds DOWN and
+/// How often a node also runs an exchange with a random member it holds DOWN and
 /// can reach, besides its usual one (see the module docs).
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -86,7 +86,7 @@ pub(crate) struct AntiEntropy {
     /// Start of the current one-second window of answered exchanges, and how many.
     window: Option<Time>,
     served: u32,
-    /// When the next exchange with a member held DOWN is due (Swim mode).
+    /// When the next exchange with a member held DOWN is due.
     next_reconnect: Time,
 }
 
@@ -103,7 +103,7 @@ impl Node {
     }
 
     /// The anti-entropy timer fired: ages tombstones, then runs an exchange with the follow-up
-    /// peer or a random live one, and in Swim mode, every [`RECONNECT_INTERVAL`], one with a
+    /// peer or a random live one, and every [`RECONNECT_INTERVAL`], one with a
     /// member held DOWN.
     pub(crate) fn sync_round(&mut self, interval: Duration, tombstone_ttl: Duration) {
         self.replica.collect_tombstones(self.now, tombstone_ttl);
@@ -111,7 +111,7 @@ impl Node {
         if let Some(peer) = peer {
             self.start_sync(peer);
         }
-        if self.swim.is_some() && self.now >= self.sync.next_reconnect {
+        if self.now >= self.sync.next_reconnect {
             self.sync.next_reconnect = self.now + RECONNECT_INTERVAL;
             if let Some(down) = self.down_peer().filter(|d| Some(*d) != peer) {
                 self.start_sync(down);

@@ -75,7 +75,7 @@ impl RecordUpdate {
     }
 
     /// `record` with the bytes it takes in a datagram already made, when the datagram frames
-    /// it differently from a bare record (Swim mode's piggyback items carry a variant index),
+    /// it differently from a bare record (the membership's piggyback items carry a variant index),
     /// sent whole `eager` times and announced after that.
     pub(crate) fn with_encoding(record: SharedRecord, encoded: Bytes, eager: u32) -> RecordUpdate {
         let len = postcard::experimental::serialized_size(&crate::wire::Piggyback::Have {

@@ -51,10 +51,9 @@
 //! Modules by concept: [`record`] (the lattice), [`auth`] (owner signatures and DOWN marks),
 //! [`replica`] (the registry and its index), [`intern`] (records shared between replicas),
 //! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
-//! two ways of spreading the registry — [`pushpull`] (the default) and [`swim_mode`] (SWIM probing,
-//! built on [`swim`] (failure detection), [`broadcast`] (piggybacked updates) and
-//! [`anti_entropy`] (hashed-bucket repair)), chosen with
-//! [`Config::dissemination`] —
+//! [`membership`] (who is in the federation and how the registry spreads: SWIM probing, built on
+//! [`swim`] (failure detection), [`broadcast`] (piggybacked updates), [`anti_entropy`]
+//! (hashed-bucket repair) and [`peers`] (whom to send to)),
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
 //! and `harness` (a multi-node test bench, behind the `harness` feature).
@@ -70,15 +69,15 @@ pub mod hardware;
 pub mod id;
 pub mod intern;
 pub mod lifecycle;
+pub mod membership;
 pub mod node;
+pub mod peers;
 pub mod placement;
-pub mod pushpull;
 pub mod record;
 pub mod replica;
 pub mod routing;
 pub mod spin;
 pub mod swim;
-pub mod swim_mode;
 pub mod time;
 pub mod timer;
 pub mod wire;
@@ -92,6 +91,7 @@ pub use cold_start::{ColdStartQueue, Enqueued};
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
 pub use id::NodeId;
 pub use intern::{Intern, Interner};
+pub use membership::MembershipSettings;
 pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
 pub use placement::{place, ModelSpec, NoPlacement, NodeShape, Placement};
 pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version};
@@ -99,7 +99,6 @@ pub use replica::Replica;
 pub use routing::{route, RouteError};
 pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
 pub use swim::{Swim, SwimConfig};
-pub use swim_mode::{Dissemination, SwimSettings};
 pub use time::Time;
 pub use wire::{DecodeError, Message, MAX_DATAGRAM};
 

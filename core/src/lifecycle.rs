@@ -111,17 +111,9 @@ impl Node {
             return;
         }
         self.update_local(|r| r.state = Lifecycle::Left);
-        self.timers.stop(Timer::Heartbeat);
         self.timers.stop(Timer::DrainStart);
         self.outputs.push_back(Output::Command(Command::StopEngine));
         self.timers.set(Timer::Exit, self.now + self.config.leave_linger);
-    }
-
-    pub(crate) fn heartbeat(&mut self) {
-        if self.replica.local().state < Lifecycle::Left {
-            let load = self.local.load;
-            self.update_local(|r| r.load = load);
-        }
     }
 
     /// Someone holds a version of our record that we do not (a DOWN we never declared, or a
@@ -152,8 +144,8 @@ impl Node {
         self.after_local_change(&current, merged);
     }
 
-    /// Applies an owner change to the local record; every change bumps the heartbeat so that
-    /// digests notice it.
+    /// Applies an owner change to the local record; every change bumps the heartbeat (the SWIM
+    /// incarnation within the generation), so that the new version covers the old.
     pub(crate) fn update_local(&mut self, change: impl FnOnce(&mut Record)) {
         let current = self.replica.local().clone();
         let mut next = (*current).clone();

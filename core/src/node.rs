@@ -6,11 +6,10 @@ use crate::hardware::Hardware;
 use crate::id::NodeId;
 use crate::intern::Interner;
 use crate::lifecycle::Local;
-use crate::pushpull::PushPull;
+use crate::membership::{Membership, MembershipSettings};
 use crate::record::{Lifecycle, Load, Model, Reachability, Record, Role, SharedRecord};
 use crate::replica::Replica;
 use crate::swim::{Swim, SwimConfigError};
-use crate::swim_mode::{Dissemination, SwimState};
 use crate::time::Time;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::{self, DecodeError, MAX_DATAGRAM};
@@ -46,33 +45,22 @@ pub struct Config {
     pub reach: Reachability,
     /// Seed of the node's random choices (gossip peers, jitter).
     pub rng_seed: u64,
-    /// Time between gossip rounds.
-    pub gossip_interval: Duration,
-    /// Peers contacted per gossip round.
-    pub fanout: usize,
-    /// Time between heartbeat bumps.
-    pub heartbeat_interval: Duration,
-    /// A node whose heartbeat has not advanced here for this long is dead (not routable).
-    pub dead_after: Duration,
-    /// Time between liveness sweeps.
-    pub sweep_interval: Duration,
     /// How long before the walltime draining starts, and the longest a drain may take.
     pub drain_window: Duration,
     /// How long a node that has LEFT keeps spreading that news before asking to exit.
     pub leave_linger: Duration,
     /// Largest datagram to send, at most [`MAX_DATAGRAM`].
     pub max_datagram: usize,
-    /// How records spread and liveness is judged: push-pull with heartbeats (the default), or
-    /// SWIM probing with piggybacked updates. In Swim mode `gossip_interval`, `fanout`,
-    /// `heartbeat_interval`, `dead_after` and `sweep_interval` are not used (the push-pull
-    /// exchanges of anti-entropy and of lifecycle news still use `fanout`).
-    pub dissemination: Dissemination,
+    /// How the membership protocol runs: failure detection, gossip, anti-entropy, tombstones
+    /// ([`crate::membership`]).
+    pub membership: MembershipSettings,
 }
 
 impl Config {
-    /// Defaults for a serving, outbound-only CPU node (200 ms gossip rounds with fanout 3, 1 s
-    /// heartbeats, dead after 6 s, 15-minute drain window) that signs with `identity`, whose key
-    /// owns its id, and checks peers strictly. What production runtimes use.
+    /// Defaults for a serving, outbound-only CPU node (1 s probe periods, gossip every 200 ms to
+    /// 3 peers while there is news, 15-minute drain window; [`MembershipSettings::default`])
+    /// that signs with `identity`, whose key owns its id, and checks peers strictly. What
+    /// production runtimes use.
     pub fn with_identity(identity: Identity, generation: u64) -> Config {
         let mut c = Config::new(identity.id(), generation);
         c.identity = identity;
@@ -94,60 +82,36 @@ impl Config {
             hardware: Hardware::CPU,
             reach: Reachability::OutboundOnly,
             rng_seed: id.short(),
-            gossip_interval: Duration::from_millis(200),
-            fanout: 3,
-            heartbeat_interval: Duration::from_secs(1),
-            dead_after: Duration::from_secs(6),
-            sweep_interval: Duration::from_millis(250),
             drain_window: Duration::from_secs(15 * 60),
             leave_linger: Duration::from_secs(1),
             max_datagram: MAX_DATAGRAM,
-            dissemination: Dissemination::PushPull,
+            membership: MembershipSettings::default(),
         }
     }
 
     /// Checks the settings that would make the node misbehave.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(256..=MAX_DATAGRAM).contains(&self.max_datagram) {
+            return Err(ConfigError::MaxDatagram(self.max_datagram));
+        }
+        let m = &self.membership;
+        m.detector.validate()?;
         let positive = [
-            ("gossip_interval", self.gossip_interval),
-            ("heartbeat_interval", self.heartbeat_interval),
-            ("sweep_interval", self.sweep_interval),
+            ("gossip_interval", m.gossip_interval),
+            ("anti_entropy_interval", m.anti_entropy_interval),
+            ("outbound_anti_entropy_interval", m.outbound_anti_entropy_interval),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
             return Err(ConfigError::ZeroInterval(name));
         }
-        if self.dead_after <= self.heartbeat_interval {
-            return Err(ConfigError::DeadAfterTooShort {
-                dead_after: self.dead_after,
-                heartbeat: self.heartbeat_interval,
-            });
+        if m.tombstone_ttl < m.anti_entropy_interval * 4 {
+            return Err(ConfigError::TombstoneTtl { ttl: m.tombstone_ttl, interval: m.anti_entropy_interval });
         }
-        if !(256..=MAX_DATAGRAM).contains(&self.max_datagram) {
-            return Err(ConfigError::MaxDatagram(self.max_datagram));
-        }
-        if self.fanout == 0 {
+        if m.gossip_fanout == 0 {
             return Err(ConfigError::ZeroFanout);
         }
-        if let Dissemination::Swim(s) = &self.dissemination {
-            s.detector.validate()?;
-            if s.gossip_interval.is_zero() {
-                return Err(ConfigError::ZeroInterval("swim gossip_interval"));
-            }
-            if s.anti_entropy_interval.is_zero() {
-                return Err(ConfigError::ZeroInterval("swim anti_entropy_interval"));
-            }
-            if s.outbound_anti_entropy_interval.is_zero() {
-                return Err(ConfigError::ZeroInterval("swim outbound_anti_entropy_interval"));
-            }
-            if s.tombstone_ttl < s.anti_entropy_interval * 4 {
-                return Err(ConfigError::TombstoneTtl { ttl: s.tombstone_ttl, interval: s.anti_entropy_interval });
-            }
-            if s.gossip_fanout == 0 {
-                return Err(ConfigError::ZeroFanout);
-            }
-            if s.eager_sends == 0 {
-                return Err(ConfigError::ZeroEagerSends);
-            }
+        if m.eager_sends == 0 {
+            return Err(ConfigError::ZeroEagerSends);
         }
         Ok(())
     }
@@ -159,25 +123,17 @@ pub enum ConfigError {
     /// An interval of zero would spin.
     #[error("{0} must be greater than zero")]
     ZeroInterval(&'static str),
-    /// Liveness timeout not longer than the heartbeat interval.
-    #[error("dead_after ({dead_after:?}) must exceed heartbeat_interval ({heartbeat:?}), or every node looks dead between heartbeats")]
-    DeadAfterTooShort {
-        /// The configured liveness timeout.
-        dead_after: Duration,
-        /// The configured heartbeat interval.
-        heartbeat: Duration,
-    },
     /// Datagram limit out of range.
     #[error("max_datagram {0} out of range 256..={MAX_DATAGRAM}")]
     MaxDatagram(usize),
     /// Nobody to gossip with.
-    #[error("fanout must be at least 1")]
+    #[error("gossip_fanout must be at least 1")]
     ZeroFanout,
     /// Records would only ever be announced, never pushed.
-    #[error("swim eager_sends must be at least 1")]
+    #[error("eager_sends must be at least 1")]
     ZeroEagerSends,
     /// Tombstones would be deleted before anti-entropy could spread them.
-    #[error("swim tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
+    #[error("tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
     TombstoneTtl {
         /// The configured tombstone lifetime.
         ttl: Duration,
@@ -185,7 +141,7 @@ pub enum ConfigError {
         interval: Duration,
     },
     /// The failure detector's settings cannot work.
-    #[error("swim detector: {0}")]
+    #[error("failure detector: {0}")]
     Swim(#[from] SwimConfigError),
 }
 
@@ -303,11 +259,11 @@ pub struct Stats {
     pub refutations: u64,
     /// Models from the engine dropped because their names are empty or too long for the wire.
     pub models_rejected: u64,
-    /// Swim mode: suspicions this node raised.
+    /// suspicions this node raised.
     pub suspicions_raised: u64,
-    /// Swim mode: suspicions of this node it refuted by raising its heartbeat.
+    /// suspicions of this node it refuted by raising its heartbeat.
     pub suspicions_refuted: u64,
-    /// Swim mode: nodes this node's detector confirmed failed and marked DOWN.
+    /// nodes this node's detector confirmed failed and marked DOWN.
     pub confirmed_down: u64,
     /// Anti-entropy exchanges this node started.
     pub syncs_started: u64,
@@ -315,21 +271,21 @@ pub struct Stats {
     pub syncs_answered: u64,
     /// Records this node sent or asked for in anti-entropy exchanges it started.
     pub syncs_records: u64,
-    /// Records asked for after an announcement that this replica lacked them (Swim mode).
+    /// Records asked for after an announcement that this replica lacked them.
     pub records_fetched: u64,
-    /// Swim mode: gossip datagrams sent in gossip rounds (pushes, and pulls of an outbound-only
+    /// Gossip datagrams sent in gossip rounds (pushes, and pulls of an outbound-only
     /// node); the five counters below are the gossip datagrams sent outside the rounds.
     pub gossip_rounds_sent: u64,
-    /// Swim mode: answers with news to gossip from an outbound-only node (its pulls and pushes).
+    /// answers with news to gossip from an outbound-only node (its pulls and pushes).
     pub news_answers: u64,
-    /// Swim mode: answers to datagrams that carried stale suspicions, with the records that
+    /// answers to datagrams that carried stale suspicions, with the records that
     /// refute them.
     pub corrections_sent: u64,
-    /// Swim mode: DOWN records sent to nodes held DOWN that sent something.
+    /// DOWN records sent to nodes held DOWN that sent something.
     pub down_notices: u64,
-    /// Swim mode: datagrams answering [`crate::wire::Message::Fetch`].
+    /// datagrams answering [`crate::wire::Message::Fetch`].
     pub fetch_answers: u64,
-    /// Swim mode: suspects told directly that this node suspects them.
+    /// suspects told directly that this node suspects them.
     pub suspicion_notices: u64,
     /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
     pub records_forged: u64,
@@ -338,7 +294,7 @@ pub struct Stats {
     pub marks_forged: u64,
 }
 
-/// One Tela node's protocol state: its registry replica, its own lifecycle and dissemination.
+/// One Tela node's protocol state: its registry replica, its own lifecycle and its membership.
 ///
 /// # Driving it
 ///
@@ -387,12 +343,10 @@ pub struct Node {
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) connected: Vec<NodeId>,
     pub(crate) local: Local,
-    pub(crate) gossip: PushPull,
-    pub(crate) swim: Option<SwimState>,
+    pub(crate) membership: Membership,
     pub(crate) sync: AntiEntropy,
     pub(crate) stats: Stats,
     pub(crate) exited: bool,
-    flips: Vec<(NodeId, bool)>,
 }
 
 impl Node {
@@ -402,56 +356,34 @@ impl Node {
     /// node still runs.
     pub fn new(mut config: Config, now: Time) -> Node {
         config.max_datagram = config.max_datagram.clamp(256, MAX_DATAGRAM);
-        config.fanout = config.fanout.max(1);
         let tick = Duration::from_millis(1);
-        for d in [&mut config.gossip_interval, &mut config.heartbeat_interval, &mut config.sweep_interval] {
+        let m = &mut config.membership;
+        for d in [&mut m.gossip_interval, &mut m.anti_entropy_interval, &mut m.outbound_anti_entropy_interval] {
             *d = (*d).max(tick);
         }
+        m.gossip_fanout = m.gossip_fanout.max(1);
         debug_assert_eq!(config.id, config.identity.id(), "the config's id is not its identity's");
         let mut record =
             Record::new(config.id, config.generation, config.role, config.hardware.clone(), config.reach.clone());
         config.identity.seal(&mut record);
-        let swim = match &config.dissemination {
-            Dissemination::PushPull => None,
-            Dissemination::Swim(settings) => {
-                let mut settings = settings.clone();
-                settings.gossip_interval = settings.gossip_interval.max(tick);
-                settings.anti_entropy_interval = settings.anti_entropy_interval.max(tick);
-                settings.outbound_anti_entropy_interval = settings.outbound_anti_entropy_interval.max(tick);
-                settings.gossip_fanout = settings.gossip_fanout.max(1);
-                Some(SwimState::new(settings, config.id, config.rng_seed, now))
-            }
-        };
-        let replica = match swim {
-            None => Replica::new(record, now, config.dead_after),
-            Some(_) => Replica::without_expiry(record, now),
-        };
+        let membership = Membership::new(config.membership.clone(), config.id, config.rng_seed, now);
         let mut node = Node {
             rng: ChaCha8Rng::seed_from_u64(config.rng_seed),
-            replica,
+            replica: Replica::new(record, now),
             now,
             timers: TimerTable::default(),
             outputs: VecDeque::new(),
             connected: Vec::new(),
             local: Local::default(),
-            gossip: PushPull::default(),
-            swim,
+            membership,
             sync: AntiEntropy::default(),
             stats: Stats::default(),
             exited: false,
-            flips: Vec::new(),
             config,
         };
         node.emit_local_state();
-        if node.swim.is_some() {
-            // Heartbeats move only with changes and nothing expires: no heartbeat, no sweep.
-            node.swim_start();
-            return node;
-        }
-        let jitter = node.jitter(node.config.gossip_interval);
-        node.timers.set(Timer::Gossip, now + jitter);
-        node.timers.set(Timer::Heartbeat, now + node.config.heartbeat_interval);
-        node.timers.set(Timer::Sweep, now + node.config.sweep_interval);
+        // Heartbeats move only with changes and nothing expires: no heartbeat timer, no sweep.
+        node.start_membership();
         node
     }
 
@@ -467,13 +399,13 @@ impl Node {
             Input::PeerConnected(peer) => {
                 if let Err(i) = self.connected.binary_search(&peer) {
                     self.connected.insert(i, peer);
-                    self.swim_connection(peer, true);
+                    self.connection_changed(peer, true);
                 }
             }
             Input::PeerDisconnected(peer) => {
                 if let Ok(i) = self.connected.binary_search(&peer) {
                     self.connected.remove(i);
-                    self.swim_connection(peer, false);
+                    self.connection_changed(peer, false);
                 }
             }
             Input::EngineReady { models } => self.engine_ready(models),
@@ -482,9 +414,7 @@ impl Node {
             Input::Walltime(at) => self.set_walltime(at),
             Input::Load(load) => self.set_load(load),
         }
-        if self.swim.is_some() {
-            self.swim_drive();
-        }
+        self.drive_detector();
     }
 
     /// Merges a snapshot of the registry at time `now`: records kept across a restart, or a
@@ -501,9 +431,7 @@ impl Node {
                 self.merge_news(record.clone(), before, false);
             }
         }
-        if self.swim.is_some() {
-            self.swim_drive();
-        }
+        self.drive_detector();
     }
 
     /// The next thing to do; returns [`Output::Timeout`] once nothing else is pending.
@@ -538,14 +466,14 @@ impl Node {
         &self.config
     }
 
-    /// The failure detector, in Swim mode.
-    pub fn swim(&self) -> Option<&Swim> {
-        self.swim.as_ref().map(|s| &s.detector)
+    /// The failure detector.
+    pub fn swim(&self) -> &Swim {
+        &self.membership.detector
     }
 
-    /// Swim mode: updates waiting to be piggybacked, as (records, suspicions).
-    pub fn swim_queued(&self) -> Option<(usize, usize)> {
-        self.swim.as_ref().map(SwimState::queued)
+    /// Updates waiting to be piggybacked, as (records, suspicions).
+    pub fn swim_queued(&self) -> (usize, usize) {
+        self.membership.queued()
     }
 
     /// Counters since start.
@@ -574,28 +502,11 @@ impl Node {
                 break;
             }
             fired.push(timer);
-            if self.swim_timer(timer) {
+            if self.membership_timer(timer) {
                 continue;
             }
             match timer {
-                Timer::Gossip => {
-                    self.gossip_round();
-                    self.timers.set(Timer::Gossip, self.now + self.config.gossip_interval);
-                }
-                Timer::Heartbeat => {
-                    self.heartbeat();
-                    self.timers.set(Timer::Heartbeat, self.now + self.config.heartbeat_interval);
-                }
-                Timer::Sweep => {
-                    let mut flips = core::mem::take(&mut self.flips);
-                    self.replica.sweep(self.now, &mut flips);
-                    for (id, routable) in flips.drain(..) {
-                        self.emit_routable(id, routable);
-                    }
-                    self.flips = flips;
-                    self.timers.set(Timer::Sweep, self.now + self.config.sweep_interval);
-                }
-                Timer::Probe | Timer::AntiEntropy => {} // Swim mode's, handled above
+                Timer::Probe | Timer::Gossip | Timer::AntiEntropy => {} // the membership's, handled above
                 Timer::DrainStart => self.start_drain(),
                 Timer::DrainDeadline => self.leave(),
                 Timer::Exit => {
@@ -612,7 +523,7 @@ impl Node {
         self.stats.datagrams_in += 1;
         self.stats.bytes_in += payload.len() as u64;
         match wire::decode(payload) {
-            Ok(msg) => self.swim_message(from, msg),
+            Ok(msg) => self.on_message(from, msg),
             Err(error) => {
                 self.stats.rejected += 1;
                 self.outputs.push_back(Output::Event(Event::Rejected { from, error }));
@@ -663,9 +574,7 @@ impl Node {
         let merged = self.replica.merge(self.now, record);
         if merged.changed {
             self.stats.records_changed += 1;
-            if self.swim.is_some() {
-                self.swim_record_changed(id, before, spread);
-            }
+            self.record_changed(id, before, spread);
         }
         if merged.new_node {
             self.outputs.push_back(Output::Event(Event::Discovered(id)));
@@ -743,11 +652,17 @@ mod tests {
     fn config_validation_names_the_problem() {
         let mut c = Config::new(NodeId::from_u64(1), 1);
         assert_eq!(c.validate(), Ok(()));
-        c.dead_after = c.heartbeat_interval;
-        assert!(c.validate().unwrap_err().to_string().contains("dead_after"));
-        c = Config::new(NodeId::from_u64(1), 1);
-        c.gossip_interval = Duration::ZERO;
+        c.membership.gossip_interval = Duration::ZERO;
         assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("gossip_interval")));
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.membership.outbound_anti_entropy_interval = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("outbound_anti_entropy_interval")));
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.membership.eager_sends = 0;
+        assert_eq!(c.validate(), Err(ConfigError::ZeroEagerSends));
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.membership.detector.probe_timeout = c.membership.detector.protocol_period;
+        assert!(c.validate().unwrap_err().to_string().contains("probe_timeout"));
         c = Config::new(NodeId::from_u64(1), 1);
         c.max_datagram = 5000;
         assert!(c.validate().is_err());

@@ -221,7 +221,7 @@ pub struct Load {
     pub queued: u32,
 }
 
-/// The summary of a record's position in the lattice, used by digests.
+/// The summary of a record's position in the lattice, as announcements ([`crate::wire::Piggyback::Have`]) carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Version {
     /// The record's generation.
@@ -566,7 +566,7 @@ mod tests {
 
         #[test]
         fn version_covers_exactly_when_join_adds_nothing_observable(a in any_record_of(ID), b in any_record_of(ID)) {
-            // covers() is what digests use; if it says "nothing new", the merge must not move
+            // covers() is what announcements use; if it says "nothing new", the merge must not move
             // generation, state or heartbeat.
             if a.version().covers(&b.version()) {
                 let j = a.join(&b);

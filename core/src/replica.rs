@@ -1,16 +1,14 @@
 //! The registry: one replica of every node's record, merged through the lattice, with the
-//! liveness judgement and the "who serves model M" index that routing reads.
+//! "who serves model M" index that routing reads.
 //!
-//! Liveness is local: a slot remembers the local [`Time`] at which this replica last saw the
-//! node's heartbeat (or generation) advance, and the node counts as alive until `dead_after` has
-//! passed since then. No remote timestamp is ever compared with the local clock, so clock skew
-//! between institutions cannot make a node look dead or alive.
+//! Nothing dies of silence here: the failure detector ([`crate::membership`]) judges liveness,
+//! marks a suspect not alive ([`Replica::set_alive`]) and a confirmed failure DOWN through the
+//! lattice. No remote timestamp is ever compared with the local clock, so clock skew between
+//! institutions cannot make a node look dead or alive.
 //!
 //! A node is *routable* when it is alive, in state SERVE, has the serving role and lists at least
 //! one model. The replica keeps, per model name, the list of routable hosts, so a lookup is one
-//! hash probe and returns a slice regardless of the registry's size. Liveness is re-judged by
-//! [`Replica::sweep`], which the node calls on a timer; between sweeps a host that just timed out
-//! can still be listed.
+//! hash probe and returns a slice regardless of the registry's size.
 
 use crate::id::{IdIndex, NodeId};
 use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
@@ -18,8 +16,7 @@ use crate::time::Time;
 use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// What this replica knows about one node.
@@ -52,7 +49,7 @@ impl Slot {
         self.stamp
     }
 
-    /// Alive as of the last merge or sweep.
+    /// Alive: not suspected here by the failure detector, and not LEFT.
     pub fn is_alive(&self) -> bool {
         self.alive
     }
@@ -132,36 +129,16 @@ pub struct Merged {
     pub routable: Option<bool>,
 }
 
-/// What a replica that judges liveness by heartbeats ([`Replica::new`]) keeps per slot besides
-/// the [`Slot`]; a replica whose failure detector judges liveness keeps none, so that each of
-/// the 10,000 slots every node of a large federation holds stays 24 bytes.
-#[derive(Clone, Copy, Debug)]
-struct Liveness {
-    /// Local time at which the heartbeat or generation last advanced here.
-    last_advanced: Time,
-    /// When this slot's entry in the expiry heap falls due; older heap entries are stale.
-    due: Time,
-    /// The highest heartbeat heard for the stored generation (from digests), which may be ahead
-    /// of the stored record's: liveness news travels without whole records.
-    beat: u64,
-}
-
 /// A full replica of the registry.
 #[derive(Clone, Debug)]
 pub struct Replica {
     local: NodeId,
-    /// `None`: liveness is judged elsewhere (a failure detector), and nothing expires here.
-    dead_after: Option<Duration>,
     slots: Vec<Slot>,
-    /// Per slot, at the same positions, while `dead_after` is set; empty otherwise.
-    liveness: Vec<Liveness>,
     /// Slot numbers by the id in the slot.
     index: IdIndex,
     /// Per model name, the slot numbers of its routable hosts.
     hosts: HashMap<String, Vec<u32>, FixedState>,
     view: u64,
-    /// Alive slots by the time they would die without news: sweeps touch only what is due.
-    expiries: BinaryHeap<Reverse<(Time, u32)>>,
     /// Anti-entropy hashes: per bucket of node ids, the XOR of [`sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
     /// Slot numbers by anti-entropy bucket, so that an exchange touches the slots of the
@@ -174,7 +151,7 @@ pub struct Replica {
     /// The nodes whose stored record is LEFT (the local node aside): what
     /// [`Replica::collect_tombstones`] looks at, instead of every slot.
     tombstones: BTreeSet<NodeId>,
-    /// The nodes whose stored record is DOWN (the local node aside): where Swim mode's
+    /// The nodes whose stored record is DOWN (the local node aside): where the membership's
     /// anti-entropy looks for a member to reconnect to, instead of every slot.
     downs: BTreeSet<NodeId>,
     /// Merges refused by the watermark.
@@ -206,7 +183,7 @@ pub fn bucket_of(id: &NodeId, count: usize) -> usize {
 
 /// Hash of what anti-entropy must make equal about one record: the version (with the
 /// heartbeat, which is the incarnation that refutes a suspicion) and the content. Load is left
-/// out: it is not spread in Swim mode.
+/// out: it is not spread by gossip.
 pub fn sync_hash(r: &Record) -> u32 {
     sync_of(r, content_stamp(r))
 }
@@ -236,29 +213,16 @@ fn id_in(slots: &[Slot], n: u32) -> Option<NodeId> {
 }
 
 impl Replica {
-    /// A replica that holds the local node's own record, judging others dead after `dead_after`
-    /// without a heartbeat advance.
-    pub fn new(local: Record, now: Time, dead_after: Duration) -> Replica {
-        Replica::judging(local, now, Some(dead_after))
-    }
-
-    /// A replica in which nodes never die of silence: for dissemination modes in which
-    /// heartbeats do not flow and a failure detector marks failed nodes DOWN through the lattice
-    /// instead. Only DOWN and LEFT records make a node unroutable.
-    pub fn without_expiry(local: Record, now: Time) -> Replica {
-        Replica::judging(local, now, None)
-    }
-
-    fn judging(local: Record, now: Time, dead_after: Option<Duration>) -> Replica {
+    /// A replica that holds the local node's own record. Nodes never die of silence in it: the
+    /// failure detector marks failed nodes DOWN through the lattice, and only DOWN and LEFT
+    /// records (and a suspicion, [`Replica::set_alive`]) make a node unroutable.
+    pub fn new(local: Record, now: Time) -> Replica {
         let mut r = Replica {
             local: local.id,
-            dead_after,
             slots: Vec::new(),
-            liveness: Vec::new(),
             index: IdIndex::default(),
             hosts: HashMap::with_hasher(FixedState::default()),
             view: 0,
-            expiries: BinaryHeap::new(),
             buckets: Box::new([0; BUCKETS]),
             by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
             deleted: HashMap::with_hasher(FixedState::default()),
@@ -268,19 +232,6 @@ impl Replica {
         };
         r.merge(now, Arc::new(local));
         r
-    }
-
-    /// The highest heartbeat known for the stored generation of slot `i` (a position in
-    /// [`Replica::slots`]): heard in digests where heartbeats flow, else the stored record's.
-    pub fn heartbeat_at(&self, i: usize) -> u64 {
-        let stored = self.slots[i].record.heartbeat;
-        self.liveness.get(i).map_or(stored, |l| l.beat.max(stored))
-    }
-
-    /// Local time at which `id`'s heartbeat or generation last advanced here; `None` for an
-    /// unknown node and in a replica [`Replica::without_expiry`], where heartbeats judge nothing.
-    pub fn last_advanced(&self, id: &NodeId) -> Option<Time> {
-        self.liveness.get(self.position(id)?).map(|l| l.last_advanced)
     }
 
     /// The local node's id.
@@ -347,25 +298,18 @@ impl Replica {
                 self.resurrections_refused += 1;
                 return Merged::default();
             }
-            let (id, state, beat) = (incoming.id, incoming.state, incoming.heartbeat);
+            let (id, state) = (incoming.id, incoming.state);
             let alive = state < Lifecycle::Left;
             let stamp = content_stamp(&incoming);
             self.view ^= view_hash(&incoming);
             self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, stamp);
             let slot = Slot { record: incoming, changed_at: now, alive, routable: false, stamp, retired: false };
-            if self.dead_after.is_some() {
-                crate::reserve_one(&mut self.liveness);
-                self.liveness.push(Liveness { last_advanced: now, due: Time::NEVER, beat });
-            }
             let n = self.slots.len() as u32;
             self.by_bucket[bucket_of(&id, BUCKETS)].push(n);
             crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
             let slots = &self.slots;
             self.index.insert(id, n, |m| id_in(slots, m));
-            if alive && id != self.local {
-                self.arm(self.slots.len() - 1);
-            }
             self.note_state(id, None, state);
             let routable = self.refresh(self.slots.len() - 1, None);
             return Merged { changed: true, new_node: true, routable };
@@ -379,8 +323,9 @@ impl Replica {
         } else {
             Arc::new(old.join(&incoming))
         };
-        let advanced = merged.generation > old.generation || merged.heartbeat > self.heartbeat_at(i);
-        let new_generation = merged.generation > old.generation;
+        // A higher generation or heartbeat (the incarnation) is news of life: it lifts a
+        // suspicion held here.
+        let advanced = merged.generation > old.generation || merged.heartbeat > old.heartbeat;
         if (merged.generation, merged.state, &merged.models) != (old.generation, old.state, &old.models) {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
@@ -397,20 +342,8 @@ impl Replica {
         }
         let into = slot.sync_hash();
         self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= out ^ into;
-        let stored = slot.record.heartbeat;
-        if let Some(l) = self.liveness.get_mut(i) {
-            l.beat = if new_generation { stored } else { l.beat.max(stored) };
-            if advanced {
-                l.last_advanced = now;
-            }
-        }
-        let slot = &mut self.slots[i];
         if advanced {
-            let revived = !slot.alive;
             slot.alive = true;
-            if revived && slot.record.id != self.local {
-                self.arm(i);
-            }
         }
         let slot = &mut self.slots[i];
         if slot.record.state == Lifecycle::Left {
@@ -422,31 +355,8 @@ impl Replica {
         Merged { changed: true, new_node: false, routable }
     }
 
-    /// Notes that a peer holds heartbeat `heartbeat` of `id`'s generation `generation`: evidence
-    /// of life without the record. Returns the routability flip, if any.
-    pub fn note_heartbeat(&mut self, now: Time, id: &NodeId, generation: u64, heartbeat: u64) -> Option<bool> {
-        let i = self.position(id)?;
-        let known = self.heartbeat_at(i);
-        let slot = &mut self.slots[i];
-        if slot.record.generation != generation || heartbeat <= known || slot.record.state == Lifecycle::Left {
-            return None;
-        }
-        // Kept only where heartbeats flow: a replica without expiry keeps no heard heartbeats.
-        if let Some(l) = self.liveness.get_mut(i) {
-            l.beat = heartbeat;
-            l.last_advanced = now;
-        }
-        let slot = &mut self.slots[i];
-        if slot.alive || slot.record.id == self.local {
-            return None;
-        }
-        slot.alive = true;
-        self.arm(i);
-        self.refresh(i, None)
-    }
-
-    /// Sets `id`'s liveness as a failure detector judges it (a replica built
-    /// [`Replica::without_expiry`]): a suspected node is not alive, so not routable, until the
+    /// Sets `id`'s liveness as the failure detector judges it: a suspected node is not alive, so
+    /// not routable, until the
     /// suspicion is lifted here or a newer heartbeat or generation of it is merged. Returns the
     /// routability flip, if any. The local node and LEFT nodes are left alone.
     pub fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
@@ -457,41 +367,6 @@ impl Replica {
         }
         slot.alive = alive;
         self.refresh(i, None)
-    }
-
-    /// Re-judges liveness at `now`; appends `(node, routable)` for every routability flip.
-    ///
-    /// Costs O(log n) per slot that fell due since the last sweep, not O(n).
-    pub fn sweep(&mut self, now: Time, flips: &mut Vec<(NodeId, bool)>) {
-        while let Some(&Reverse((due, i))) = self.expiries.peek() {
-            if due > now {
-                break;
-            }
-            self.expiries.pop();
-            let i = i as usize;
-            if self.liveness[i].due != due || !self.slots[i].alive {
-                continue; // stale entry
-            }
-            let Some(dead_after) = self.dead_after else { continue };
-            if self.liveness[i].last_advanced + dead_after > now {
-                self.arm(i); // news arrived since it was armed
-                continue;
-            }
-            self.slots[i].alive = false;
-            self.liveness[i].due = Time::NEVER;
-            if let Some(r) = self.refresh(i, None) {
-                flips.push((self.slots[i].record.id, r));
-            }
-        }
-    }
-
-    /// Puts slot `i` into the expiry heap at the time it would die without news.
-    fn arm(&mut self, i: usize) {
-        let Some(dead_after) = self.dead_after else { return };
-        let l = &mut self.liveness[i];
-        let due = l.last_advanced + dead_after;
-        l.due = due;
-        self.expiries.push(Reverse((due, i as u32)));
     }
 
     /// Recomputes slot `i`'s routability and keeps the host index in step. `previous` is the
@@ -557,13 +432,9 @@ impl Replica {
     /// refused rather than merged back. `ttl` must be far longer than the longest partition
     /// expected to heal: a node cut off for longer comes back only in a new generation.
     ///
-    /// Only for replicas built [`Replica::without_expiry`]; others are left untouched. Looks only
-    /// at the LEFT and DOWN records, not at every slot.
+    /// Looks only at the LEFT and DOWN records, not at every slot.
     pub fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
         let mut done = Collected::default();
-        if self.dead_after.is_some() {
-            return done;
-        }
         let half = ttl / 2;
         let due: Vec<NodeId> = self
             .tombstones
@@ -722,7 +593,7 @@ mod tests {
     }
 
     fn replica() -> Replica {
-        Replica::new((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO, Duration::from_secs(5))
+        Replica::new((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO)
     }
 
     #[test]
@@ -746,41 +617,24 @@ mod tests {
     fn a_slot_stays_24_bytes() {
         // Every node of a 10,000-node federation holds 10,000 of them.
         assert!(core::mem::size_of::<Slot>() <= 24, "{} bytes", core::mem::size_of::<Slot>());
-        let r = Replica::without_expiry((*rec(1, 1, Lifecycle::Serve, 0, &["m"])).clone(), Time::ZERO);
-        assert!(r.liveness.is_empty(), "a replica without expiry keeps no per-slot liveness");
     }
 
     #[test]
-    fn liveness_follows_local_time_of_heartbeat_advance() {
+    fn nobody_dies_of_silence_and_a_suspicion_lasts_until_news_of_life() {
         let mut r = replica();
-        let mut flips = Vec::new();
         r.merge(Time::from_secs(1), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
-        r.sweep(Time::from_secs(5), &mut flips);
-        assert!(flips.is_empty());
-        // Re-receiving the same heartbeat is not evidence of life.
-        r.merge(Time::from_secs(5), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
-        r.sweep(Time::from_secs(6), &mut flips);
-        assert_eq!(flips, vec![(NodeId::from_u64(1), false)]);
-        assert!(r.serving("m").is_empty());
-        // An advance brings it back.
-        assert_eq!(r.merge(Time::from_secs(7), rec(1, 1, Lifecycle::Serve, 2, &["m"])).routable, Some(true));
-        // The local node never times out.
-        flips.clear();
-        r.sweep(Time::from_secs(100), &mut flips);
-        assert!(r.get(&NodeId::from_u64(0)).unwrap().is_alive());
-    }
-
-    #[test]
-    fn without_expiry_nobody_dies_of_silence() {
-        let local = (*rec(0, 1, Lifecycle::Join, 0, &[])).clone();
-        let mut r = Replica::without_expiry(local, Time::ZERO);
-        let mut flips = Vec::new();
-        r.merge(Time::from_secs(1), rec(1, 1, Lifecycle::Serve, 1, &["m"]));
-        r.sweep(Time::from_secs(100_000), &mut flips);
-        assert!(flips.is_empty());
         assert_eq!(r.serving("m").to_vec(), [NodeId::from_u64(1)]);
-        // DOWN through the lattice still ends routing.
-        assert_eq!(r.merge(Time::from_secs(2), rec(1, 1, Lifecycle::Down, 1, &["m"])).routable, Some(false));
+        // The detector suspects it: not routable; the same version again changes nothing.
+        assert_eq!(r.set_alive(&NodeId::from_u64(1), false), Some(false));
+        assert!(r.serving("m").is_empty());
+        assert!(!r.merge(Time::from_secs(5), rec(1, 1, Lifecycle::Serve, 1, &["m"])).changed);
+        assert!(r.serving("m").is_empty());
+        // A higher incarnation refutes the suspicion.
+        assert_eq!(r.merge(Time::from_secs(7), rec(1, 1, Lifecycle::Serve, 2, &["m"])).routable, Some(true));
+        // The local node is never suspected.
+        assert_eq!(r.set_alive(&NodeId::from_u64(0), false), None);
+        // DOWN through the lattice ends routing.
+        assert_eq!(r.merge(Time::from_secs(8), rec(1, 1, Lifecycle::Down, 2, &["m"])).routable, Some(false));
     }
 
     #[test]
@@ -845,7 +699,7 @@ mod tests {
     #[test]
     fn tombstones_retire_at_half_life_are_deleted_at_the_end_and_stay_deleted() {
         let ttl = Duration::from_secs(100);
-        let mut r = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        let mut r = replica();
         r.merge(Time::ZERO, rec(1, 1, Lifecycle::Serve, 1, &["m"]));
         r.merge(Time::ZERO, rec(2, 1, Lifecycle::Serve, 1, &["m"]));
         let with_two = r.bucket_hashes(BUCKETS);
@@ -856,7 +710,7 @@ mod tests {
         // Half-way: still held, no longer advertised.
         assert_eq!(r.collect_tombstones(Time::from_secs(60), ttl), Collected { retired: 1, deleted: 0, forgotten: 0 });
         assert!(r.get(&NodeId::from_u64(1)).is_some_and(Slot::is_retired));
-        let mut without = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        let mut without = replica();
         without.merge(Time::ZERO, rec(2, 1, Lifecycle::Serve, 1, &["m"]));
         assert_eq!(r.bucket_hashes(BUCKETS), without.bucket_hashes(BUCKETS));
         // Re-merging the same tombstone changes nothing.
@@ -884,16 +738,12 @@ mod tests {
         assert!(r.get(&NodeId::from_u64(2)).is_none() && r.down_ids().is_empty());
         assert_eq!(r.merge(Time::from_secs(410), rec(2, 1, Lifecycle::Serve, 5, &["m"])), Merged::default());
         assert!(r.merge(Time::from_secs(420), rec(2, 2, Lifecycle::Serve, 0, &["m"])).new_node);
-        // Replicas that judge liveness by heartbeats keep everything.
-        let mut pp = replica();
-        pp.merge(Time::ZERO, rec(1, 1, Lifecycle::Left, 2, &["m"]));
-        assert_eq!(pp.collect_tombstones(Time::from_secs(1_000), ttl), Collected::default());
     }
 
     #[test]
     fn the_bucket_lists_follow_the_slots_through_deletions() {
         let ttl = Duration::from_secs(100);
-        let mut r = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+        let mut r = replica();
         for n in 1..300 {
             r.merge(Time::ZERO, rec(n, 1, Lifecycle::Serve, 1, &["m"]));
         }
@@ -918,7 +768,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever merges, sweeps and tombstone collections happen, each model's host list
+        /// Whatever merges, suspicions and tombstone collections happen, each model's host list
         /// holds exactly the routable nodes that serve it, each once (also when a record names a
         /// model twice, in two formats); the tombstone and DOWN sets are exactly the LEFT and
         /// DOWN records; neither kind outlives its lifetime; the slot numbers by bucket and by id
@@ -932,15 +782,17 @@ mod tests {
         ) {
             use crate::record::Quantization;
             let mut r = replica();
-            // The same merges into a replica without expiry that collects tombstones as it goes.
-            let mut w = Replica::without_expiry((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO);
+            // The same merges into a replica that collects tombstones as it goes.
+            let mut w = replica();
             let ttl = Duration::from_secs(4);
             let mut now = Time::ZERO;
-            let mut flips = Vec::new();
             let names = ["a", "b", "c"];
             for (n, generation, state, hb, models, wait) in ops {
                 now = now + Duration::from_secs(wait * 2);
-                r.sweep(now, &mut flips);
+                // The detector suspects a node, or lifts a suspicion.
+                if wait > 0 {
+                    r.set_alive(&NodeId::from_u64(n), wait == 2);
+                }
                 let state = [Lifecycle::Join, Lifecycle::Serve, Lifecycle::Left, Lifecycle::Down][state];
                 let models: Vec<Model> = models
                     .iter()

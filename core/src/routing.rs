@@ -108,12 +108,11 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
     use rand_core::SeedableRng;
     use std::sync::Arc;
-    use std::time::Duration;
 
     fn replica(gpus: &[(u64, GpuModel)]) -> Replica {
         let local =
             Record::new(NodeId::from_u64(0), 1, Role::Gateway, Hardware::CPU, Reachability::Public("gw".into()));
-        let mut r = Replica::new(local, Time::ZERO, Duration::from_secs(5));
+        let mut r = Replica::new(local, Time::ZERO);
         for &(n, gpu) in gpus {
             let mut rec = Record::new(
                 NodeId::from_u64(n),

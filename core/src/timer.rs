@@ -5,15 +5,12 @@ use crate::time::Time;
 /// Every timer a [`Node`](crate::Node) can arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timer {
-    /// Start a gossip round (push-pull), or piggyback-only gossip while there is news (Swim).
+    /// A gossip round: piggyback-only gossip while there is news, a pull on an outbound-only
+    /// node, fetch retries.
     Gossip,
-    /// Bump the local heartbeat and refresh the load summary.
-    Heartbeat,
-    /// Re-judge the liveness of every known node.
-    Sweep,
-    /// The failure detector's next deadline (Swim mode).
+    /// The failure detector's next deadline.
     Probe,
-    /// Push-pull with one peer to repair what piggybacking missed (Swim mode).
+    /// An anti-entropy exchange with one peer, to repair what piggybacking missed.
     AntiEntropy,
     /// Walltime minus the drain window: start draining.
     DrainStart,
@@ -25,17 +22,9 @@ pub enum Timer {
 
 impl Timer {
     /// All timers, in the order they fire when due at the same time.
-    pub const ALL: [Timer; 8] = [
-        Timer::DrainDeadline,
-        Timer::DrainStart,
-        Timer::Heartbeat,
-        Timer::Sweep,
-        Timer::Probe,
-        Timer::Gossip,
-        Timer::AntiEntropy,
-        Timer::Exit,
-    ];
-    const COUNT: usize = 8;
+    pub const ALL: [Timer; 6] =
+        [Timer::DrainDeadline, Timer::DrainStart, Timer::Probe, Timer::Gossip, Timer::AntiEntropy, Timer::Exit];
+    const COUNT: usize = 6;
 
     fn slot(self) -> usize {
         self as usize
@@ -92,7 +81,7 @@ mod tests {
         assert_eq!(t.next_deadline(), Time::NEVER);
         t.set(Timer::Gossip, Time(10));
         t.set(Timer::DrainDeadline, Time(10));
-        t.set(Timer::Sweep, Time(30));
+        t.set(Timer::AntiEntropy, Time(30));
         assert_eq!(t.next_deadline(), Time(10));
         assert_eq!(t.pop_expired(Time(5)), None);
         assert_eq!(t.pop_expired(Time(10)), Some(Timer::DrainDeadline));

@@ -26,33 +26,18 @@ pub const MAX_DATAGRAM: usize = 1100;
 ///   [`DecodeError::UnsupportedVersion`]: their records are unsigned and would be refused anyway.
 ///   [`Piggyback::Have`] and [`Message::Fetch`] were appended later without a bump, as the SWIM
 ///   messages were: a node that predates them rejects a datagram carrying them as malformed.
-pub const WIRE_VERSION: u8 = 2;
-
-/// One line of a digest: which version of a node's record the sender holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DigestEntry {
-    /// The node.
-    pub id: NodeId,
-    /// The sender's version of its record (with the highest heartbeat it has heard).
-    pub version: Version,
-    /// Hash of the record's other content (models, hardware, reach, role), so that a change
-    /// that did not move the state is still noticed.
-    pub stamp: u32,
-}
+/// - 3: one membership protocol. The push-pull digests (`Digest`, `DigestReply`) are gone and
+///   the later variants moved up two places; version-2 datagrams are refused as
+///   [`DecodeError::UnsupportedVersion`], and transport admission refuses version-2 members.
+pub const WIRE_VERSION: u8 = 3;
 
 /// A gossip message. Variant order is part of the wire format.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message {
-    /// The versions the sender holds for a window of its registry; the receiver answers with
-    /// records it has newer and asks for those it lacks.
-    Digest(Vec<DigestEntry>),
-    /// Full records to merge.
+    /// Full records to merge: an anti-entropy transfer, or a lifecycle announcement.
     Records(Vec<Record>),
-    /// Ids whose records the sender wants.
+    /// Ids whose records the sender wants (anti-entropy).
     Want(Vec<NodeId>),
-    /// The answer to a [`Message::Digest`]: the receiver's own window, so that the initiator
-    /// learns of nodes it did not know (it is not answered with another digest).
-    DigestReply(Vec<DigestEntry>),
     /// A SWIM probe; the receiver answers with an [`Message::Ack`] carrying `seq`.
     Ping {
         /// Echoed in the ack.
@@ -162,10 +147,8 @@ impl Message {
             | Message::Ack { piggyback, .. }
             | Message::Nack { piggyback, .. }
             | Message::Gossip(piggyback) => piggyback,
-            Message::Digest(_)
-            | Message::Records(_)
+            Message::Records(_)
             | Message::Want(_)
-            | Message::DigestReply(_)
             | Message::Buckets { .. }
             | Message::BucketEntries { .. }
             | Message::Fetch(_) => &[],
@@ -331,14 +314,11 @@ pub trait WireItem: Serialize {
     const TAG: u8;
 }
 
-impl WireItem for DigestEntry {
+impl WireItem for Record {
     const TAG: u8 = 0;
 }
-impl WireItem for Record {
-    const TAG: u8 = 1;
-}
 impl WireItem for NodeId {
-    const TAG: u8 = 2;
+    const TAG: u8 = 1;
 }
 
 /// Packs items of one kind into a datagram of at most `limit` bytes.
@@ -352,13 +332,6 @@ pub struct Builder<T: WireItem> {
     count: usize,
     items: Vec<u8>,
     _kind: PhantomData<fn(&T)>,
-}
-
-impl Builder<DigestEntry> {
-    /// A builder for a [`Message::DigestReply`].
-    pub fn digest_reply(limit: usize) -> Builder<DigestEntry> {
-        Builder { tag: 3, ..Builder::new(limit) }
-    }
 }
 
 impl Builder<NodeId> {
@@ -421,13 +394,13 @@ impl<T: WireItem> Builder<T> {
 }
 
 /// Postcard variant indices of the SWIM messages.
-const PING: u8 = 4;
-const PING_REQ: u8 = 5;
-const ACK: u8 = 6;
-const NACK: u8 = 7;
-const GOSSIP: u8 = 8;
+const PING: u8 = 2;
+const PING_REQ: u8 = 3;
+const ACK: u8 = 4;
+const NACK: u8 = 5;
+const GOSSIP: u8 = 6;
 /// Postcard variant index of [`Message::Fetch`].
-const FETCH: u8 = 11;
+const FETCH: u8 = 9;
 
 /// Builds one SWIM datagram: the probe header first, then as many piggybacked items as fit
 /// below the limit.
@@ -623,23 +596,24 @@ mod tests {
         assert!(decode(&d).is_ok());
         d[0] = 1;
         assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(1)));
-        assert!(DecodeError::UnsupportedVersion(1).to_string().contains("speaks 2"));
+        assert!(DecodeError::UnsupportedVersion(1).to_string().contains("speaks 3"));
+        d[0] = 2;
+        assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(2)));
     }
 
     #[test]
     fn builder_fills_until_full_and_matches_postcard() {
-        let entry = DigestEntry {
-            id: NodeId::from_u64(9),
-            version: Version { generation: 1_700_000_000_000, state: Lifecycle::Serve, heartbeat: 12345 },
-            stamp: u32::MAX,
-        };
-        let mut b = Builder::<DigestEntry>::new(MAX_DATAGRAM);
-        while b.push(&entry) {}
+        let id = NodeId::from_u64(9);
+        let mut b = Builder::<NodeId>::new(MAX_DATAGRAM);
+        while b.push(&id) {}
         let n = b.len();
-        assert!(n > 30, "only {n} digest entries fit");
+        assert!(n > 30, "only {n} ids fit");
         let d = b.finish();
         assert!(d.len() <= MAX_DATAGRAM);
-        assert_eq!(&d[..], &encode_unbounded(&Message::Digest(vec![entry; n]))[..]);
+        assert_eq!(&d[..], &encode_unbounded(&Message::Want(vec![id; n]))[..]);
+        let mut f = Builder::fetch(MAX_DATAGRAM);
+        assert!(f.push(&id));
+        assert_eq!(&f.finish()[..], &encode_unbounded(&Message::Fetch(vec![id]))[..]);
     }
 
     #[test]

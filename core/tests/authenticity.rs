@@ -291,9 +291,7 @@ proptest! {
         restored.restore(Time::from_millis(1), &shared);
         prop_assert_eq!(snapshot(&restored), snapshot(&fed));
         prop_assert_eq!(forged(&restored), forged(&fed));
-        let mut c = Config::new(ME, 1);
-        c.dissemination = tela_core::Dissemination::Swim(tela_core::SwimSettings::default());
-        let mut restored = Node::new(c, Time::ZERO);
+        let mut restored = Node::new(Config::new(ME, 1), Time::ZERO);
         let queued = restored.swim_queued();
         restored.restore(Time::from_millis(1), &shared);
         prop_assert_eq!(snapshot(&restored), snapshot(&fed));

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use tela_core::harness::Harness;
-use tela_core::{Config, Dissemination, Input, Lifecycle, Model, NodeId, Reachability, Record, Role, SwimSettings};
+use tela_core::{Config, Input, Lifecycle, Model, NodeId, Reachability, Record, Role};
 
 pub fn id(n: u64) -> NodeId {
     NodeId::from_u64(n)
@@ -28,12 +28,6 @@ pub fn outbound(n: u64) -> Config {
 pub fn gateway(n: u64) -> Config {
     let mut c = public(n);
     c.role = Role::Gateway;
-    c
-}
-
-/// The same node in Swim mode with the default settings.
-pub fn swim(mut c: Config) -> Config {
-    c.dissemination = Dissemination::Swim(SwimSettings::default());
     c
 }
 

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use std::time::Duration;
-use tela_core::wire::{encode_unbounded, DigestEntry, Message};
+use tela_core::wire::{encode_unbounded, Message, Piggyback};
 use tela_core::{
     Config, Hardware, Input, Lifecycle, Load, Model, Node, NodeId, Output, Reachability, Record, Role, Time, Version,
     MAX_DATAGRAM,
@@ -21,7 +21,9 @@ enum Op {
     Load(u32),
     /// A record of our own id as some peer holds it.
     Echo(u64, u8, u64),
-    Digest(u64, u8, u64),
+    /// A peer's suspicion of us, or its announcement of a version of our record.
+    Suspect(u64, u64),
+    Have(u64, u8, u64),
     Garbage(Vec<u8>),
     Connect(u64),
 }
@@ -35,7 +37,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..2_000_000).prop_map(Op::Walltime),
         2 => (0u32..3).prop_map(Op::Load),
         2 => (0u64..4, 0u8..4, 0u64..20).prop_map(|(g, s, h)| Op::Echo(g, s, h)),
-        1 => (0u64..4, 0u8..4, 0u64..20).prop_map(|(g, s, h)| Op::Digest(g, s, h)),
+        1 => (0u64..4, 0u64..20).prop_map(|(g, h)| Op::Suspect(g, h)),
+        1 => (0u64..4, 0u8..4, 0u64..20).prop_map(|(g, s, h)| Op::Have(g, s, h)),
         1 => prop::collection::vec(any::<u8>(), 0..64).prop_map(Op::Garbage),
         1 => (2u64..5).prop_map(Op::Connect),
     ]
@@ -60,10 +63,14 @@ fn input(op: &Op, now: Time) -> Option<Input> {
             r.heartbeat = *h;
             Input::Datagram { from, payload: encode_unbounded(&Message::Records(vec![r])).into() }
         }
-        Op::Digest(g, s, h) => {
-            let e =
-                DigestEntry { id: ME, version: Version { generation: *g, state: state(*s), heartbeat: *h }, stamp: 0 };
-            Input::Datagram { from, payload: encode_unbounded(&Message::Digest(vec![e])).into() }
+        Op::Suspect(g, h) => {
+            let p = Piggyback::Suspect { id: ME, generation: *g, heartbeat: *h, from };
+            Input::Datagram { from, payload: encode_unbounded(&Message::Gossip(vec![p])).into() }
+        }
+        Op::Have(g, s, h) => {
+            let version = Version { generation: *g, state: state(*s), heartbeat: *h };
+            let p = Piggyback::Have { id: ME, version };
+            Input::Datagram { from, payload: encode_unbounded(&Message::Gossip(vec![p])).into() }
         }
         Op::Garbage(b) => Input::Datagram { from, payload: b.clone().into() },
         Op::Connect(n) => Input::PeerConnected(NodeId::from_u64(*n)),

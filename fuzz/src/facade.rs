@@ -36,10 +36,10 @@ use arbitrary::Unstructured;
 use bytes::Bytes;
 use core::time::Duration;
 use std::collections::BTreeSet;
-use tela_core::wire::{self, Builder, DigestEntry, Message, Piggyback, ProbeBuilder, MAX_DATAGRAM};
+use tela_core::wire::{self, Builder, Message, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
-    auth, Command, Config, Dissemination, Event, GpuModel, Hardware, Identity, Input, Lifecycle, Load, Model, ModelSet,
-    Node, NodeId, Output, Quantization, Reachability, Record, Role, SwimSettings, Time, Version,
+    auth, Command, Config, Event, GpuModel, Hardware, Identity, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId,
+    Output, Quantization, Reachability, Record, Role, Time, Version,
 };
 
 /// The fuzzed node's id.
@@ -66,8 +66,9 @@ pub(crate) mod op {
     pub const RECORDS: u8 = 4;
     /// `[from, tweak, amount]`: the node's own record, altered, sent back to it.
     pub const OWN_ECHO: u8 = 5;
-    /// `[from, count, (id, generation, state, heartbeat: u16)..]`: a `Digest` datagram.
-    pub const DIGEST: u8 = 6;
+    /// `[from, count, (id, generation, state, heartbeat: u16)..]`: a `Gossip` datagram of
+    /// announcements (`Piggyback::Have`), which the node may answer with a `Fetch`.
+    pub const ANNOUNCE: u8 = 6;
     /// `[from, count, id..]`: a `Want` datagram, or a `Fetch` when `count >= 128`.
     pub const WANT: u8 = 7;
     /// `[from, record, position: u16, xor]`: a one-record datagram with one byte altered (which
@@ -136,12 +137,12 @@ fn duration(u: &mut Unstructured<'_>, default: Duration, unit: Duration) -> Dura
     }
 }
 
-/// Twelve bytes: flags (bit 0 gateway, bit 1 public, bits 2–3 the generation's kind, bit 4 Swim
-/// mode), generation, rng seed, gossip interval (10 ms units), fanout, heartbeat interval (20 ms),
-/// dead-after (50 ms), sweep interval (10 ms), drain window (250 ms), leave linger (20 ms),
-/// max datagram (`200 + 4 b`) and, in Swim mode, the protocol period (10 ms). Zero bytes keep the defaults; values
-/// [`Node::new`] must clamp (zero intervals, zero fanout, datagram limits out of range) are
-/// allowed.
+/// Twelve bytes: flags (bit 0 gateway, bit 1 public, bits 2–3 the generation's kind), generation,
+/// rng seed, gossip interval (10 ms units), gossip fanout, anti-entropy interval (20 ms),
+/// outbound-only anti-entropy interval (50 ms), eager sends, drain window (250 ms), leave linger
+/// (20 ms), max datagram (`200 + 4 b`) and the protocol period (10 ms). Zero bytes keep the
+/// defaults; values [`Node::new`] must clamp (zero intervals, zero fanout, datagram limits out
+/// of range) are allowed.
 fn config(u: &mut Unstructured<'_>) -> Config {
     let flags = byte(u);
     let g = u64::from(byte(u));
@@ -160,31 +161,31 @@ fn config(u: &mut Unstructured<'_>) -> Config {
     }
     c.rng_seed = u64::from(byte(u));
     let ms = Duration::from_millis;
-    c.gossip_interval = duration(u, c.gossip_interval, ms(10));
-    c.fanout = match byte(u) {
-        0 => c.fanout,
+    let m = &mut c.membership;
+    m.gossip_interval = duration(u, m.gossip_interval, ms(10));
+    m.gossip_fanout = match byte(u) {
+        0 => m.gossip_fanout,
         b => usize::from(b % 6),
     };
-    c.heartbeat_interval = duration(u, c.heartbeat_interval, ms(20));
-    c.dead_after = duration(u, c.dead_after, ms(50));
-    c.sweep_interval = duration(u, c.sweep_interval, ms(10));
+    m.anti_entropy_interval = duration(u, m.anti_entropy_interval, ms(20));
+    m.outbound_anti_entropy_interval = duration(u, m.outbound_anti_entropy_interval, ms(50));
+    m.eager_sends = match byte(u) {
+        0 => m.eager_sends,
+        b => u32::from(b % 6),
+    };
     c.drain_window = duration(u, c.drain_window, ms(250));
     c.leave_linger = duration(u, c.leave_linger, ms(20));
     c.max_datagram = match byte(u) {
         0 => c.max_datagram,
         b => 200 + 4 * usize::from(b),
     };
-    let period = byte(u);
-    if flags & (1 << 4) != 0 {
-        let mut swim = SwimSettings::default();
-        // Zero and periods under the probe timeout are allowed: the detector clamps them.
-        swim.detector.protocol_period = match period {
-            0 => swim.detector.protocol_period,
-            255 => Duration::ZERO,
-            b => ms(10) * u32::from(b),
-        };
-        c.dissemination = Dissemination::Swim(swim);
-    }
+    // Zero and periods under the probe timeout are allowed: the detector clamps them.
+    let detector = &mut c.membership.detector;
+    detector.protocol_period = match byte(u) {
+        0 => detector.protocol_period,
+        255 => Duration::ZERO,
+        b => ms(10) * u32::from(b),
+    };
     c
 }
 
@@ -333,10 +334,10 @@ impl Run {
                 let echo = self.own_echo(byte(u), byte(u));
                 self.datagram(from, records_datagram(&[echo]).to_vec());
             }
-            op::DIGEST => {
+            op::ANNOUNCE => {
                 let from = peer_id(u);
                 let n = 1 + byte(u) % 8;
-                let mut b = Builder::<DigestEntry>::new(MAX_DATAGRAM);
+                let mut b = ProbeBuilder::gossip(MAX_DATAGRAM);
                 for _ in 0..n {
                     let id = peer_id(u);
                     let version = Version {
@@ -344,7 +345,7 @@ impl Run {
                         state: lifecycle(byte(u)),
                         heartbeat: u64::from(word(u)),
                     };
-                    b.push(&DigestEntry { id, version, stamp: 0 });
+                    b.push(&Piggyback::Have { id, version });
                 }
                 self.datagram(from, b.finish().to_vec());
             }

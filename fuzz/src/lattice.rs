@@ -53,7 +53,7 @@ pub fn merge_laws(data: &[u8]) {
     let orders = [[&a, &b, &c], [&a, &c, &b], [&b, &a, &c], [&b, &c, &a], [&c, &a, &b], [&c, &b, &a]];
     for order in orders {
         let local = Record::new(NodeId::from_u64(1), 1, Role::Gateway, Hardware::CPU, Reachability::OutboundOnly);
-        let mut replica = Replica::new(local, Time::ZERO, core::time::Duration::from_secs(5));
+        let mut replica = Replica::new(local, Time::ZERO);
         for (t, r) in order.into_iter().enumerate() {
             replica.merge(Time::from_secs(t as u64), Arc::new(r.clone()));
         }

@@ -8,10 +8,10 @@
 
 use crate::facade::{drive, op, OWN};
 use std::path::Path;
-use tela_core::wire::{self, Builder, DigestEntry, Piggyback, ProbeBuilder, MAX_DATAGRAM};
+use tela_core::wire::{self, Builder, Piggyback, ProbeBuilder, MAX_DATAGRAM};
 use tela_core::{
     FabricId, GpuModel, Hardware, Identity, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability,
-    Record, Role, Version,
+    Record, Role,
 };
 
 /// Named seeds of one target.
@@ -22,8 +22,8 @@ struct Script(Vec<u8>);
 
 /// Config bytes (see `facade::config`): all defaults, public.
 const PUBLIC: [u8; 12] = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-/// Public, in Swim mode with 100 ms protocol periods.
-const SWIM: [u8; 12] = [2 | 1 << 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10];
+/// Public, with 100 ms protocol periods.
+const FAST_PROBES: [u8; 12] = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10];
 
 impl Script {
     fn new(config: [u8; 12]) -> Script {
@@ -128,15 +128,15 @@ fn node_scripts() -> Seeds {
     top_generation[0] |= 1 << 2; // generation u64::MAX - g % 4
     let mut small = PUBLIC;
     small[10] = 14; // 256-byte datagrams
-    small[4] = 5; // fanout 5
+    small[4] = 5; // gossip fanout 5
     vec![
         (
             "serve_and_gossip",
             serving()
-                .timeouts(20)
-                .op(op::DIGEST, &[2, 1, 2, 3, 1, 200, 0, 4, 1, 1, 9, 0])
+                .timeouts(3)
+                .op(op::ANNOUNCE, &[2, 1, 2, 3, 1, 200, 0, 4, 1, 1, 9, 0])
                 .op(op::WANT, &[1, 2, 0, 1, 5])
-                .timeouts(10)
+                .timeouts(2)
                 .bytes(),
         ),
         (
@@ -219,7 +219,7 @@ fn node_scripts() -> Seeds {
         ),
         (
             "swim_probes_and_refutes",
-            Script::new(SWIM)
+            Script::new(FAST_PROBES)
                 .engine_ready(&[0])
                 .op(op::CONNECT, &[2])
                 .op(op::PROBE, &probe(2, 4, 0, 2, &[record(peer(2, 1, Lifecycle::Serve, 3, &[1]))]))
@@ -238,7 +238,7 @@ fn node_scripts() -> Seeds {
         ),
         (
             "swim_announcements_fetched",
-            Script::new(SWIM)
+            Script::new(FAST_PROBES)
                 .engine_ready(&[0])
                 .op(op::PROBE, &probe(2, 4, 0, 2, &[record(peer(2, 1, Lifecycle::Serve, 3, &[1]))]))
                 .op(op::PROBE, &probe(3, 4, 0, 3, &[have(2, 1, 9), have(4, 1, 1), have(2, 1, 2)]))
@@ -298,15 +298,6 @@ fn wire_seeds() -> Seeds {
             break;
         }
     }
-    let mut digest = Builder::<DigestEntry>::new(MAX_DATAGRAM);
-    for n in 1..=12u64 {
-        let r = realistic(n, &[]);
-        digest.push(&DigestEntry {
-            id: r.id,
-            version: Version { generation: r.generation, state: Lifecycle::Serve, heartbeat: r.heartbeat },
-            stamp: n as u32,
-        });
-    }
     let mut want = Builder::<NodeId>::new(MAX_DATAGRAM);
     for n in [3, 70_000, u64::MAX] {
         want.push(&NodeId::from_u64(n));
@@ -365,7 +356,6 @@ fn wire_seeds() -> Seeds {
         ("gossip_full", gossip.finish().to_vec()),
         ("records_full", records.finish().to_vec()),
         ("records_one_outbound", one),
-        ("digest", digest.finish().to_vec()),
         ("want", want.finish().to_vec()),
         ("fetch", fetch.finish().to_vec()),
         ("gossip_announcements", announcements.finish().to_vec()),
@@ -445,12 +435,10 @@ fn scripted_seeds_do_what_their_names_say() {
 
     let r = run("swim_announcements_fetched");
     let s = r.node.stats();
-    assert!(r.node.swim().is_some(), "not in Swim mode");
     assert_eq!(s.records_fetched, 2, "nodes 2 (a later version) and 4 (unknown) are fetched: {s:?}");
 
     let r = run("swim_probes_and_refutes");
     let s = r.node.stats();
-    assert!(r.node.swim().is_some(), "not in Swim mode");
     assert!(s.suspicions_refuted >= 1, "the suspicion of the node itself was not refuted: {s:?}");
     assert!(s.suspicions_raised >= 1 && s.confirmed_down >= 1, "peers never suspected and confirmed: {s:?}");
     assert_eq!(r.node.local_record().generation, 1, "a refuted suspicion needs no new generation");

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tela_runtime::identity::{load_identity, read_secret};
-use tela_runtime::Membership;
 use tela_transports::TransportMode;
 
 use crate::auth::HashKeyArgs;
@@ -83,11 +82,6 @@ pub struct GatewayArgs {
     /// Transport for dials to other gateways.
     #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
     pub transport: TransportMode,
-
-    /// Membership protocol; every member of a federation must use the same (swim for
-    /// federations of thousands of nodes).
-    #[arg(long, env = "TELA_MEMBERSHIP", default_value = "push-pull", value_name = "push-pull|swim")]
-    pub membership: Membership,
 
     /// Identity key file (created on first run) [default: <config dir>/tela/gateway.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
@@ -262,10 +256,6 @@ impl GatewayArgs {
             (Some(t), false) => t.parse().map_err(|e| anyhow::anyhow!("transport in the configuration file: {e}"))?,
             _ => self.transport,
         };
-        config.membership = match (&file.membership, given("membership")) {
-            (Some(m), false) => m.parse().map_err(|e| anyhow::anyhow!("membership in the configuration file: {e}"))?,
-            _ => self.membership,
-        };
         let no_auth = pick(given("no_auth"), self.no_auth, file.no_auth);
         let api_keys = opt("api_keys", &self.api_keys, &file.api_keys);
         config.auth = match (&api_keys, no_auth) {
@@ -293,9 +283,7 @@ impl GatewayArgs {
         };
         config.node_idle_timeout = dur("node_idle_timeout", self.node_idle_timeout, file.node_idle_timeout);
         config.shutdown_grace = dur("shutdown_grace", self.shutdown_grace, file.shutdown_grace);
-        if let Some(mut plan) = loaded.and_then(|l| l.spin) {
-            // The nodes it starts join this gateway's federation, so they speak its membership.
-            plan.job.membership = config.membership;
+        if let Some(plan) = loaded.and_then(|l| l.spin) {
             let batch =
                 crate::spin::backend::connect(&plan.backend).map_err(|e| anyhow::anyhow!("[spin.backend]: {e}"))?;
             config.spin = Some(crate::spin::SpinSetup { plan, batch });
@@ -398,7 +386,7 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                "listen = \"127.0.0.1:9001\"\nanchor_listen = \"127.0.0.1:9101\"\nmax_attempts = 5\nno_auth = true\nmembership = \"swim\"\n\
+                "listen = \"127.0.0.1:9001\"\nanchor_listen = \"127.0.0.1:9101\"\nmax_attempts = 5\nno_auth = true\n\
                  header_timeout = \"3s\"\njoin_secret_file = \"{}\"\nidentity = \"{}\"\n",
                 secret.display(),
                 dir.path().join("gw.key").display()
@@ -415,7 +403,6 @@ mod tests {
         assert_eq!((config.proxy.max_attempts, config.limits.header_timeout), (5, Duration::from_secs(3)));
         assert!(matches!(config.auth, AuthConfig::Open));
         assert!(config.spin.is_none());
-        assert_eq!(config.membership, tela_runtime::Membership::Swim, "the file fills in");
     }
 
     fn threads(args: &[&str]) -> anyhow::Result<usize> {

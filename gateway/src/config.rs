@@ -29,8 +29,6 @@ pub struct FileConfig {
     pub join: Option<Vec<String>>,
     /// `--transport`: `auto`, `quic` or `tcp`.
     pub transport: Option<String>,
-    /// `--membership`: `push-pull` or `swim`.
-    pub membership: Option<String>,
     /// `--identity`.
     pub identity: Option<PathBuf>,
     /// `--api-keys`.
@@ -96,11 +94,6 @@ impl LoadedConfig {
                     key: "transport".into(),
                     reason: format!("'{t}': use auto, quic or tcp"),
                 });
-            }
-        }
-        if let Some(m) = &file.membership {
-            if let Err(e) = m.parse::<tela_runtime::Membership>() {
-                return Err(ConfigError::Invalid { key: "membership".into(), reason: e.to_string() });
             }
         }
         for (key, value) in

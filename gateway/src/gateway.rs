@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tela_runtime::anchor::{Anchor, AnchorConfig, AnchorError};
 use tela_runtime::runtime::refuse_streams;
-use tela_runtime::{Membership, Runtime};
+use tela_runtime::Runtime;
 use tela_transports::{EndpointConfig, Identity, JoinSecret, TransportMode};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -64,8 +64,6 @@ pub struct GatewayConfig {
     pub join: Vec<String>,
     /// Transport for those dials.
     pub transport: TransportMode,
-    /// The federation's membership protocol (the same for every member).
-    pub membership: Membership,
     /// API keys.
     pub auth: AuthConfig,
     /// TLS certificate chain and key (PEM), to terminate HTTPS.
@@ -97,7 +95,6 @@ impl GatewayConfig {
             join_secret,
             join: Vec::new(),
             transport: TransportMode::Auto,
-            membership: Membership::PushPull,
             auth: AuthConfig::Open,
             tls: None,
             open_status: false,
@@ -179,7 +176,6 @@ impl Gateway {
                 join: config.join.clone(),
                 transport: config.transport,
                 drain_window: Duration::from_secs(5),
-                membership: config.membership,
             },
             endpoint,
             refuse_streams(),

@@ -329,9 +329,12 @@ impl Report {
         let tail: Vec<u64> = t.per_second.iter().rev().take(10).copied().collect();
         let tail_bps =
             if tail.is_empty() { 0.0 } else { tail.iter().sum::<u64>() as f64 / tail.len() as f64 / nodes as f64 };
-        let p = &sim.sc.protocol;
+        // Every node gossips at the core's default pace: a scenario sets no gossip interval or fanout.
+        let membership = tela_core::MembershipSettings::default();
+        let fanout = membership.gossip_fanout as u32;
+        let gossip_interval_ms = membership.gossip_interval.as_millis() as u64;
         let serf_ms =
-            serf_rounds(nodes as f64, f64::from(p.fanout), sim.sc.network.loss, 0.9999) * p.gossip_interval_ms as f64;
+            serf_rounds(nodes as f64, f64::from(fanout), sim.sc.network.loss, 0.9999) * gossip_interval_ms as f64;
         // Changes made once formed; of those, the ones whose spreading no partition overlapped.
         let settled = |c: &Converged| c.t0 >= t.settle_at;
         let clear = |c: &Converged| {
@@ -438,8 +441,8 @@ impl Report {
             aborted: sim.aborted.clone(),
             per_second_bytes: t.per_second.clone(),
             curves: t.curves.clone(),
-            fanout: p.fanout,
-            gossip_interval_ms: p.gossip_interval_ms,
+            fanout,
+            gossip_interval_ms,
         }
     }
 

@@ -70,38 +70,23 @@ pub struct Federation {
     pub formed: bool,
 }
 
-/// Protocol timings handed to every node's `Config`.
+/// Protocol settings handed to every node's `Config`. There is one membership protocol (SWIM
+/// probing with piggybacked changes and anti-entropy), run with the core's default settings but
+/// for the ones named here; a key this does not know, such as the removed `dissemination`, is an
+/// error.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Protocol {
-    /// Gossip round interval.
-    pub gossip_interval_ms: u64,
-    /// Peers per round.
-    pub fanout: u32,
-    /// Heartbeat interval.
-    pub heartbeat_interval_ms: u64,
-    /// Liveness timeout.
-    pub dead_after_ms: u64,
     /// Drain window before the walltime.
     pub drain_window_s: f64,
-    /// How nodes disseminate: `"push-pull"` (the default) or `"swim"` (SWIM probes carrying
-    /// the updates, with the core's default settings; the gossip and heartbeat keys above then
-    /// do not apply).
-    pub dissemination: DisseminationMode,
-    /// In Swim mode, how many times a record goes whole before it is only announced by version
-    /// (`tela_core::SwimSettings::eager_sends`); at least 1.
-    pub swim_eager_sends: u32,
-}
-
-/// The core's dissemination mode for every node of a scenario.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum DisseminationMode {
-    /// Periodic push-pull with heartbeat liveness.
-    #[default]
-    PushPull,
-    /// SWIM + Lifeguard with piggybacked updates.
-    Swim,
+    /// How many times a record goes whole before it is only announced by version
+    /// (`tela_core::MembershipSettings::eager_sends`); at least 1.
+    pub eager_sends: u32,
+    /// The failure detector's time between probes (`tela_core::SwimConfig::protocol_period`);
+    /// at least 2. The probe timeout stays at most half of it and the anchors' vouch lease at
+    /// least one period; suspicions last a number of periods, so a longer period makes a slow
+    /// detector.
+    pub protocol_period_ms: u64,
 }
 
 /// Sites, latency and faults of the network.
@@ -449,15 +434,11 @@ impl Default for Federation {
 
 impl Default for Protocol {
     fn default() -> Self {
-        let c = tela_core::Config::new(tela_core::NodeId::from_u64(0), 0);
+        let m = tela_core::MembershipSettings::default();
         Protocol {
-            gossip_interval_ms: c.gossip_interval.as_millis() as u64,
-            fanout: c.fanout as u32,
-            heartbeat_interval_ms: c.heartbeat_interval.as_millis() as u64,
-            dead_after_ms: c.dead_after.as_millis() as u64,
             drain_window_s: 120.0,
-            dissemination: DisseminationMode::PushPull,
-            swim_eager_sends: tela_core::SwimSettings::default().eager_sends,
+            eager_sends: m.eager_sends,
+            protocol_period_ms: m.detector.protocol_period.as_millis() as u64,
         }
     }
 }
@@ -655,14 +636,14 @@ impl Scenario {
                 return bad(format!("partition names site {s}, but there are only {} sites", n.sites));
             }
         }
-        if self.protocol.dead_after_ms <= self.protocol.heartbeat_interval_ms {
-            return bad("protocol.dead_after_ms must exceed heartbeat_interval_ms".into());
-        }
         if self.workload.max_attempts == 0 {
             return bad("workload.max_attempts must be at least 1".into());
         }
-        if self.protocol.swim_eager_sends == 0 {
-            return bad("protocol.swim_eager_sends must be at least 1".into());
+        if self.protocol.eager_sends == 0 {
+            return bad("protocol.eager_sends must be at least 1".into());
+        }
+        if self.protocol.protocol_period_ms < 2 {
+            return bad("protocol.protocol_period_ms must be at least 2".into());
         }
         self.validate_spin()
     }
@@ -732,9 +713,17 @@ mod tests {
     #[test]
     fn every_named_scenario_loads() {
         let names = known_scenarios();
-        for required in
-            ["smoke-100", "federation-1k", "federation-10k", "partition-heal", "preemption-storm", "spinning-day"]
-        {
+        for required in [
+            "smoke-100",
+            "loss-100",
+            "lying-node",
+            "federation-1k",
+            "federation-1k-formed",
+            "federation-10k",
+            "partition-heal",
+            "preemption-storm",
+            "spinning-day",
+        ] {
             assert!(names.iter().any(|n| n == required), "missing scenario {required}");
         }
         for n in names {
@@ -743,16 +732,21 @@ mod tests {
     }
 
     #[test]
-    fn the_dissemination_mode_is_named_or_refused() {
-        assert_eq!(Scenario::parse("").expect("defaults").protocol.dissemination, DisseminationMode::PushPull);
-        let s = Scenario::parse("[protocol]\ndissemination = \"swim\"").expect("swim");
-        assert_eq!(s.protocol.dissemination, DisseminationMode::Swim);
-        let e = Scenario::parse("[protocol]\ndissemination = \"flood\"").unwrap_err();
-        assert!(e.to_string().contains("unknown variant"), "{e}");
-        let s = Scenario::parse("[protocol]\ndissemination = \"swim\"\nswim_eager_sends = 20").expect("swim");
-        assert_eq!(s.protocol.swim_eager_sends, 20);
-        let e = Scenario::parse("[protocol]\nswim_eager_sends = 0").unwrap_err();
-        assert!(e.to_string().contains("swim_eager_sends"), "{e}");
+    fn eager_sends_is_set_and_the_removed_dissemination_key_is_refused() {
+        let defaults = Scenario::parse("").expect("defaults");
+        assert_eq!(defaults.protocol.eager_sends, tela_core::MembershipSettings::default().eager_sends);
+        let s = Scenario::parse("[protocol]\neager_sends = 20").expect("eager_sends");
+        assert_eq!(s.protocol.eager_sends, 20);
+        let e = Scenario::parse("[protocol]\neager_sends = 0").unwrap_err();
+        assert!(e.to_string().contains("eager_sends"), "{e}");
+        let e = Scenario::parse("[protocol]\nprotocol_period_ms = 1").unwrap_err();
+        assert!(e.to_string().contains("protocol_period_ms"), "{e}");
+        // One membership protocol: the old switch and the old name of the setting are typos now.
+        for removed in ["dissemination = \"swim\"", "swim_eager_sends = 2", "heartbeat_interval_ms = 1000"] {
+            let e = Scenario::parse(&format!("[protocol]\n{removed}")).unwrap_err();
+            let key = removed.split(' ').next().unwrap_or_default();
+            assert!(e.to_string().contains("unknown field") && e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]

@@ -694,7 +694,7 @@ impl Sim {
                 let running = || self.hosts.iter().filter_map(|h| h.node.as_ref());
                 let nodes = running().count();
                 let (records, suspicions) =
-                    running().filter_map(|n| n.swim_queued()).fold((0, 0), |(r, s), (qr, qs)| (r + qr, s + qs));
+                    running().map(|n| n.swim_queued()).fold((0, 0), |(r, s), (qr, qs)| (r + qr, s + qs));
                 let per = nodes.max(1) as f64;
                 let senders = running().map(|n| crate::traffic::Senders::of(n.stats())).sum();
                 eprintln!(

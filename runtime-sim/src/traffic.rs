@@ -8,7 +8,7 @@
 //! of records by version. Totals are printed at
 //! the end of the run, and each 5 simulated seconds what those seconds added, so that the heal
 //! of a partition shows against the seconds before it. Tracing decodes every datagram, so it
-//! costs time; without it nothing here runs. Each window also gives Swim mode's gossip
+//! costs time; without it nothing here runs. Each window also gives the gossip
 //! datagrams by why they were sent, from the nodes' counters: in gossip rounds, or as one of
 //! the answers outside them (news to an outbound-only node, corrections of stale suspicions,
 //! DOWN notices, fetch answers, suspicion notices).
@@ -19,20 +19,8 @@ use tela_core::{Lifecycle, Record};
 /// Message tags counted (the wire's tags are below this).
 const TAGS: usize = 16;
 /// The wire's message kinds by tag, as [`Message`] orders its variants.
-const TAG_NAMES: [&str; 12] = [
-    "Digest",
-    "Records",
-    "Want",
-    "DigestReply",
-    "Ping",
-    "PingReq",
-    "Ack",
-    "Nack",
-    "Gossip",
-    "Buckets",
-    "BucketEntries",
-    "Fetch",
-];
+const TAG_NAMES: [&str; 10] =
+    ["Records", "Want", "Ping", "PingReq", "Ack", "Nack", "Gossip", "Buckets", "BucketEntries", "Fetch"];
 /// Kinds of item counted: records piggybacked by [`kind_of`], suspicions, records transferred
 /// by [`kind_of`], announcements of records.
 const ITEMS: usize = 8;
@@ -70,7 +58,7 @@ impl Tally {
     }
 }
 
-/// Swim mode's gossip datagrams by why they were sent, summed over the running nodes' counters
+/// Gossip datagrams by why they were sent, summed over the running nodes' counters
 /// ([`tela_core::Stats`]): in gossip rounds, and the four kinds of answer outside them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Senders([u64; 6]);

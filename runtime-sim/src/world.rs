@@ -214,15 +214,12 @@ impl Sim {
         };
         c.hardware = host.hardware.clone();
         c.rng_seed = rng::node_seed(seed, h, host.job);
-        c.gossip_interval = Duration::from_millis(p.gossip_interval_ms);
-        c.fanout = p.fanout as usize;
-        c.heartbeat_interval = Duration::from_millis(p.heartbeat_interval_ms);
-        c.dead_after = Duration::from_millis(p.dead_after_ms);
         c.drain_window = Duration::from_secs_f64(p.drain_window_s);
-        if p.dissemination == crate::scenario::DisseminationMode::Swim {
-            let settings = tela_core::SwimSettings { eager_sends: p.swim_eager_sends, ..Default::default() };
-            c.dissemination = tela_core::Dissemination::Swim(settings);
-        }
+        c.membership.eager_sends = p.eager_sends;
+        let detector = &mut c.membership.detector;
+        detector.protocol_period = Duration::from_millis(p.protocol_period_ms);
+        detector.probe_timeout = detector.probe_timeout.min(detector.protocol_period / 2);
+        detector.vouch_lease = detector.vouch_lease.max(detector.protocol_period);
         host.node = Some(Node::new(c, local));
         let job = host.job;
         let gateway = host.gateway;

@@ -65,7 +65,7 @@ fn killed_outbound_only_nodes_are_unroutable_at_every_gateway_within_the_lease()
     // and their connections last 30 s (`tela anchor`'s): the leases must do the work. The 3 s
     // lease, checked every 500 ms, from a last word at most 1.5 s before the kill (a member
     // silent for a second is pinged at the next check).
-    let sc = silent_kills(1.0, "[network]\nidle_timeout_s = 30\n\n[protocol]\ndissemination = \"swim\"");
+    let sc = silent_kills(1.0, "[network]\nidle_timeout_s = 30");
     for r in gateways_stop_within(&sc, 4_000.0) {
         assert_eq!(r.detection.false_down, 0, "{}", r.summary());
     }
@@ -73,15 +73,16 @@ fn killed_outbound_only_nodes_are_unroutable_at_every_gateway_within_the_lease()
 
 #[test]
 fn a_gateway_stops_routing_to_a_killed_node_at_its_connections_idle_timeout_at_the_latest() {
-    // Registries that take 20 s to hold a silent node dead (push-pull, slow liveness timeout)
-    // behind gateways with their default 5 s idle timeout: the connection's timeout takes a
-    // killed node out of a gateway's routing long before its registry does.
-    let sc = silent_kills(0.3, "[protocol]\ndead_after_ms = 20000");
+    // Registries that take several seconds more than the connection to take a silent node out
+    // of routing (a detector probing every 8 s) behind gateways with their default 5 s idle
+    // timeout: the connection's timeout takes a killed node out of every gateway's routing
+    // before its registry does.
+    let sc = silent_kills(0.3, "[protocol]\nprotocol_period_ms = 8000");
     assert_eq!(sc.network.idle_timeout_s, 5.0, "the gateway's default");
     for r in gateways_stop_within(&sc, 5_000.0) {
         let d = &r.detection;
         assert!(d.by_connection >= 2 * d.gateways.count as u64, "{}", r.summary());
-        assert!(d.gateways_registry.p50_ms > 15_000.0, "{}", r.summary());
+        assert!(d.gateways_registry.p50_ms > 5_000.0, "{}", r.summary());
     }
 }
 
@@ -108,9 +109,6 @@ idle_timeout_s = {idle_timeout_s}
 start_s = 20
 end_s = {end}
 sites = [2]
-
-[protocol]
-dissemination = "swim"
 "#,
         end = 20 + seconds,
         duration = 20 + seconds + 60,

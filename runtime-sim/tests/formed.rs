@@ -5,9 +5,9 @@
 
 use tela_sim::{Limits, Scenario, Sim};
 
-/// Forty nodes behind two gateways in Swim mode, 40–60 ms apart (a connection and its first
-/// exchange take a few hundred milliseconds), clients from the first millisecond; `federation`
-/// adds keys to that section, `jobs` is the body of the `[jobs]` section.
+/// Forty nodes behind two gateways, 40–60 ms apart (a connection and its first exchange take a
+/// few hundred milliseconds), clients from the first millisecond; `federation` adds keys to that
+/// section, `jobs` is the body of the `[jobs]` section.
 fn scenario(federation: &str, jobs: &str) -> Scenario {
     Scenario::parse(&format!(
         r#"
@@ -27,9 +27,6 @@ gateways = 2
 [network]
 intra_site_ms = 40.0
 wan_ms = 60.0
-
-[protocol]
-dissemination = "swim"
 
 [workload]
 rate_per_s = 200

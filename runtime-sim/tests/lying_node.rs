@@ -5,16 +5,7 @@ use tela_sim::{Limits, Scenario, Sim};
 
 #[test]
 fn no_replica_accepts_a_forged_record() {
-    liars_are_refused("lying-node");
-}
-
-#[test]
-fn no_replica_accepts_a_forged_record_in_swim_mode() {
-    liars_are_refused("lying-node-swim");
-}
-
-fn liars_are_refused(scenario: &str) {
-    let sc = Scenario::load(scenario).expect("scenario");
+    let sc = Scenario::load("lying-node").expect("scenario");
     for seed in [1, 2] {
         let r = Sim::new(sc.clone(), seed, false, Limits::default()).run();
         assert!(r.passed(), "{}", r.summary());

@@ -1,9 +1,11 @@
 //! Twenty seeds of smoke-100, each drawing its own fault mix, all keep every invariant and
-//! converge after the faults stop — with push-pull and with Swim mode.
+//! converge after the faults stop.
 
 use tela_sim::{replay_command, Limits, Scenario, Sim};
 
-fn twenty_swarm_seeds_pass(scenario: &str) {
+#[test]
+fn twenty_swarm_seeds_of_smoke_100_pass() {
+    let scenario = "smoke-100";
     let base = Scenario::load(scenario).expect("scenario");
     let mut mixes = std::collections::BTreeSet::new();
     for seed in 1..=20 {
@@ -13,14 +15,4 @@ fn twenty_swarm_seeds_pass(scenario: &str) {
         mixes.insert(format!("{:.4}/{}", r.network.loss, r.partitions));
     }
     assert!(mixes.len() > 10, "swarm seeds should draw different fault mixes: {mixes:?}");
-}
-
-#[test]
-fn twenty_swarm_seeds_of_smoke_100_pass() {
-    twenty_swarm_seeds_pass("smoke-100");
-}
-
-#[test]
-fn twenty_swarm_seeds_of_smoke_100_in_swim_mode_pass() {
-    twenty_swarm_seeds_pass("smoke-100-swim");
 }

@@ -8,7 +8,6 @@
 use crate::clock::generation_now;
 use crate::control::{ControlServer, ControlSocketError};
 use crate::identity::{load_identity, read_secret, SecretError};
-use crate::membership::Membership;
 use crate::runtime::{refuse_streams, Exit, Runtime, RuntimeConfig, StreamHandler};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,8 +33,6 @@ pub struct AnchorConfig {
     pub transport: TransportMode,
     /// Drain window of the anchor's own record.
     pub drain_window: Duration,
-    /// The federation's membership protocol.
-    pub membership: Membership,
 }
 
 /// An anchor could not start.
@@ -69,14 +66,12 @@ impl Anchor {
     /// As [`Anchor::start_with`], with the listening endpoint's settings given whole (e.g.
     /// shorter keep-alive and idle timeouts, so that a gateway notices a node that vanished
     /// without closing its connection sooner). `endpoint`'s identity and join secret are used;
-    /// those of `config` are ignored; its membership protocol is `config`'s.
+    /// those of `config` are ignored.
     pub async fn start_with_endpoint(
         config: AnchorConfig,
-        mut endpoint: EndpointConfig,
+        endpoint: EndpointConfig,
         streams: StreamHandler,
     ) -> Result<Anchor, AnchorError> {
-        // Named at admission, so that a member running another protocol is refused.
-        endpoint.membership = config.membership.to_string();
         let signer = endpoint.identity.signer().clone();
         let endpoint = Endpoint::listen(config.listen, endpoint)?;
         let bound = endpoint.local_addr().unwrap_or(config.listen);
@@ -89,7 +84,6 @@ impl Anchor {
         node.role = Role::Gateway;
         node.reach = Reachability::Public(advertise);
         node.drain_window = config.drain_window;
-        config.membership.apply(&mut node);
         let mut rc = RuntimeConfig::new(node);
         rc.join = config.join.clone();
         rc.transport = config.transport;
@@ -145,10 +139,6 @@ pub struct AnchorArgs {
     #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
     pub transport: TransportMode,
 
-    /// Membership protocol; every member of a federation must use the same.
-    #[arg(long, env = "TELA_MEMBERSHIP", default_value = "push-pull", value_name = "push-pull|swim")]
-    pub membership: Membership,
-
     /// Identity key file (created on first run) [default: ~/.config/tela/anchor.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
     pub identity: Option<PathBuf>,
@@ -191,7 +181,6 @@ impl AnchorArgs {
             join: self.join,
             transport: self.transport,
             drain_window: Duration::from_secs(5),
-            membership: self.membership,
         })
         .await?;
         let _control = match &self.control {

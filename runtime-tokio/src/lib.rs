@@ -42,17 +42,13 @@
 //!     join: vec![],
 //!     transport: TransportMode::Auto,
 //!     drain_window: Duration::from_secs(5),
-//!     membership: Default::default(),
 //! }).await?;
 //!
 //! // ...and a serving node that dials it and announces a model.
 //! let identity = Identity::generate()?;
 //! let mut config = RuntimeConfig::new(Config::with_identity(identity.signer().clone(), tela_runtime::clock::generation_now()));
 //! config.join = vec![anchor.local_addr().to_string()];
-//! let mut endpoint = EndpointConfig::new(identity, secret);
-//! // Named at admission: the anchor refuses a node that runs another membership protocol.
-//! endpoint.membership = tela_runtime::membership::Membership::default().to_string();
-//! let endpoint = Endpoint::dialer(endpoint)?;
+//! let endpoint = Endpoint::dialer(EndpointConfig::new(identity, secret))?;
 //! let node = Runtime::start(config, endpoint, tela_runtime::runtime::refuse_streams());
 //! node.inputs().engine_ready(vec![Model::named("llama")]).await?;
 //!
@@ -117,8 +113,6 @@ pub mod gpu;
 #[cfg(not(loom))]
 pub mod identity;
 #[cfg(not(loom))]
-pub mod membership;
-#[cfg(not(loom))]
 pub mod node;
 #[cfg(not(loom))]
 pub mod runtime;
@@ -129,7 +123,5 @@ pub mod status;
 #[cfg(not(loom))]
 pub mod walltime;
 
-#[cfg(not(loom))]
-pub use membership::Membership;
 #[cfg(not(loom))]
 pub use runtime::{Exit, IncomingStream, LocalInputs, Runtime, RuntimeConfig, RuntimeView, StreamHandler};

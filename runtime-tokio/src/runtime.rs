@@ -42,8 +42,8 @@ pub struct RuntimeConfig {
     pub redial_initial: Duration,
     /// Longest delay between redials.
     pub redial_max: Duration,
-    /// Snapshots are republished at most this often for heartbeat-only changes; lifecycle and
-    /// routability changes are published at once.
+    /// Snapshots are republished at most this often for changes of load or record versions
+    /// alone; lifecycle and routability changes are published at once.
     pub snapshot_interval: Duration,
     /// Stop ([`Exit::Refused`]) once every join address has refused this node for a reason
     /// retrying cannot fix and no peer holds a connection to it: a serving node in a batch job
@@ -54,7 +54,7 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults around a core config: no join addresses, auto transport, redial from 500 ms
-    /// up to 10 s, snapshots at most every 100 ms for heartbeat-only changes. The cap bounds
+    /// up to 10 s, snapshots at most every 100 ms for load-only changes. The cap bounds
     /// how long a node takes to come back once a partition heals or its gateway returns: within
     /// 10 s, well inside the two anti-entropy intervals (20 s) in which replicas must agree
     /// again after a heal; at 10,000 nodes, a returning gateway takes at most 2,000 handshakes a

@@ -4,17 +4,15 @@
 //! whether that peer belongs to this federation. Right after the handshake, on the control
 //! stream (the `control` module):
 //!
-//! 1. the dialler sends `Hello { version, proof, membership }`;
-//! 2. the acceptor checks the version, the proof and the membership protocol's name and
-//!    answers `Welcome { version, proof, membership }`, or `Refuse(reason)` and closes the
-//!    connection, logging the reason;
-//! 3. the dialler checks the acceptor's proof and membership protocol in turn, so a node never
-//!    serves an impostor gateway that merely accepted its connection.
+//! 1. the dialler sends `Hello { version, proof }`;
+//! 2. the acceptor checks the version and the proof and answers `Welcome { version, proof }`,
+//!    or `Refuse(reason)` and closes the connection, logging the reason;
+//! 3. the dialler checks the acceptor's version and proof in turn, so a node never serves an
+//!    impostor gateway that merely accepted its connection.
 //!
-//! Members of one federation must run the same membership protocol
-//! ([`crate::EndpointConfig::membership`]): a push-pull member ignores a Swim member's probes,
-//! so the Swim members declare it dead, it refutes, and the two flap for as long as they are
-//! connected. Naming the protocol at admission turns that into a refusal that says what to fix.
+//! The version is checked first, so that a member of another release is refused with both
+//! versions named on both sides (this side's log and the refused side's error) rather than
+//! with whatever else differs between releases.
 //!
 //! `proof = HMAC-SHA256(join_secret, LABEL ‖ exporter ‖ role ‖ own NodeId)` where `exporter`
 //! is 32 bytes of TLS exporter keying material of this very session. Binding to the exporter
@@ -31,8 +29,9 @@ use tela_core::NodeId;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The version of the admission exchange and control-stream frames spoken by this build
-/// (2: `Hello` and `Welcome` name the membership protocol).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// (3: `Hello` and `Welcome` no longer name a membership protocol, SWIM being the only one;
+/// 2 named it).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The TLS exporter label of the admission proof.
 pub(crate) const EXPORTER_LABEL: &[u8] = b"EXPORTER-tela-admission";
@@ -75,7 +74,7 @@ impl fmt::Debug for JoinSecret {
 
 /// Why an acceptor did not admit a peer.
 ///
-/// The first four are sent to the dialler (who sees them in
+/// The first three are sent to the dialler (who sees them in
 /// [`crate::ConnectError::Refused`]); the others are only local observations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RefusalReason {
@@ -88,13 +87,6 @@ pub enum RefusalReason {
         /// The other side's version, when known.
         theirs: Option<u16>,
     },
-    /// The peer runs another membership protocol than this side.
-    MembershipMismatch {
-        /// This side's membership protocol.
-        ours: String,
-        /// The other side's.
-        theirs: String,
-    },
     /// The peer broke the admission protocol.
     ProtocolViolation(String),
     /// The TLS handshake failed (wrong ALPN, bad certificate, not TLS at all...).
@@ -104,16 +96,10 @@ pub enum RefusalReason {
 }
 
 impl RefusalReason {
-    /// Whether asking again cannot help: the secret, the version or the membership protocol
-    /// would have to change first. Handshake failures, protocol violations and time-outs may be
+    /// Whether asking again cannot help: the secret or the version would have to change first. Handshake failures, protocol violations and time-outs may be
     /// a flaky network or an overloaded gateway, and are worth retrying.
     pub fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            RefusalReason::JoinSecretMismatch
-                | RefusalReason::VersionMismatch { .. }
-                | RefusalReason::MembershipMismatch { .. }
-        )
+        matches!(self, RefusalReason::JoinSecretMismatch | RefusalReason::VersionMismatch { .. })
     }
 
     /// What the refused side should do about it.
@@ -121,9 +107,6 @@ impl RefusalReason {
         match self {
             RefusalReason::JoinSecretMismatch => "check --join-secret / TELA_JOIN_SECRET",
             RefusalReason::VersionMismatch { .. } => "run the same Tela release on both sides",
-            RefusalReason::MembershipMismatch { .. } => {
-                "use the same --membership (TELA_MEMBERSHIP) on every member of a federation"
-            }
             RefusalReason::ProtocolViolation(_) | RefusalReason::Handshake(_) => {
                 "check that the address is a Tela gateway or anchor"
             }
@@ -140,10 +123,6 @@ impl RefusalReason {
                 out.push(2);
                 out.extend_from_slice(&ours.to_be_bytes());
             }
-            RefusalReason::MembershipMismatch { ours, .. } => {
-                out.push(4);
-                out.extend_from_slice(&ours.as_bytes()[..ours.len().min(crate::control::MAX_MEMBERSHIP)]);
-            }
             RefusalReason::ProtocolViolation(s) => {
                 out.push(3);
                 out.extend_from_slice(&s.as_bytes()[..s.len().min(512)]);
@@ -157,17 +136,15 @@ impl RefusalReason {
     }
 
     /// Decodes a refusal received from the acceptor, seen from the receiver's side (`ours` is
-    /// the receiver's own version or `membership`).
-    pub(crate) fn decode(bytes: &[u8], membership: &str) -> RefusalReason {
+    /// the receiver's own version). Tag 4 (a membership protocol mismatch, sent only by
+    /// version 2 members to version 2 diallers) cannot reach this release and reads as
+    /// unintelligible.
+    pub(crate) fn decode(bytes: &[u8]) -> RefusalReason {
         match bytes {
             [1, ..] => RefusalReason::JoinSecretMismatch,
             [2, a, b, ..] => {
                 RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(u16::from_be_bytes([*a, *b])) }
             }
-            [4, theirs @ ..] => RefusalReason::MembershipMismatch {
-                ours: membership.to_string(),
-                theirs: String::from_utf8_lossy(theirs).into_owned(),
-            },
             [3, rest @ ..] => RefusalReason::ProtocolViolation(String::from_utf8_lossy(rest).into_owned()),
             _ => RefusalReason::ProtocolViolation(format!("unintelligible refusal ({} bytes)", bytes.len())),
         }
@@ -184,22 +161,10 @@ impl fmt::Display for RefusalReason {
             RefusalReason::VersionMismatch { ours, theirs: None } => {
                 write!(f, "protocol version mismatch (this side speaks {ours}, the other side another)")
             }
-            RefusalReason::MembershipMismatch { ours, theirs } => {
-                write!(f, "membership protocol mismatch (this side runs {}, the other {})", named(ours), named(theirs))
-            }
             RefusalReason::ProtocolViolation(s) => write!(f, "protocol violation: {s}"),
             RefusalReason::Handshake(s) => write!(f, "TLS handshake failed: {s}"),
             RefusalReason::TimedOut => f.write_str("handshake and admission timed out"),
         }
-    }
-}
-
-/// A membership protocol's name as shown in a refusal.
-fn named(membership: &str) -> &str {
-    if membership.is_empty() {
-        "none named"
-    } else {
-        membership
     }
 }
 
@@ -217,8 +182,6 @@ pub(crate) struct Binding<'a> {
     pub exporter: [u8; 32],
     pub own: NodeId,
     pub peer: NodeId,
-    /// This side's membership protocol ([`crate::EndpointConfig::membership`]).
-    pub membership: &'a str,
 }
 
 impl Binding<'_> {
@@ -258,11 +221,10 @@ where
     S: AsyncWrite + Unpin,
     R: AsyncRead + Unpin,
 {
-    let hello =
-        Frame::Hello { version: PROTOCOL_VERSION, proof: b.own_proof(Role::Dialler), membership: b.membership.into() };
+    let hello = Frame::Hello { version: PROTOCOL_VERSION, proof: b.own_proof(Role::Dialler) };
     write_frame(send, &hello).await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
     match read_frame(recv).await {
-        Ok(Frame::Welcome { version, proof, membership }) => {
+        Ok(Frame::Welcome { version, proof }) => {
             if version != PROTOCOL_VERSION {
                 return Err(DialOutcome::Refused(RefusalReason::VersionMismatch {
                     ours: PROTOCOL_VERSION,
@@ -272,16 +234,9 @@ where
             if !b.peer_proof_valid(Role::Acceptor, &proof) {
                 return Err(DialOutcome::PeerNotAdmitted);
             }
-            if membership != b.membership {
-                // An acceptor of this version refuses a mismatch itself; this one did not.
-                return Err(DialOutcome::Refused(RefusalReason::MembershipMismatch {
-                    ours: b.membership.into(),
-                    theirs: membership,
-                }));
-            }
             Ok(())
         }
-        Ok(Frame::Refuse(reason)) => Err(DialOutcome::Refused(RefusalReason::decode(&reason, b.membership))),
+        Ok(Frame::Refuse(reason)) => Err(DialOutcome::Refused(RefusalReason::decode(&reason))),
         Ok(other) => Err(DialOutcome::Broken(format!("expected Welcome, got {}", frame_name(&other)))),
         Err(FrameError::Eof) => Err(DialOutcome::Broken("the peer closed the control stream".into())),
         Err(e) => Err(DialOutcome::Broken(e.to_string())),
@@ -296,14 +251,11 @@ where
     R: AsyncRead + Unpin,
 {
     let verdict = match read_frame(recv).await {
-        Ok(Frame::Hello { version, proof, membership }) => {
+        Ok(Frame::Hello { version, proof }) => {
             if version != PROTOCOL_VERSION {
                 Err(RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(version) })
             } else if !b.peer_proof_valid(Role::Dialler, &proof) {
                 Err(RefusalReason::JoinSecretMismatch)
-            } else if membership != b.membership {
-                // Told only to a peer that proved it knows the secret.
-                Err(RefusalReason::MembershipMismatch { ours: b.membership.into(), theirs: membership })
             } else {
                 Ok(())
             }
@@ -313,11 +265,7 @@ where
     };
     match verdict {
         Ok(()) => {
-            let welcome = Frame::Welcome {
-                version: PROTOCOL_VERSION,
-                proof: b.own_proof(Role::Acceptor),
-                membership: b.membership.into(),
-            };
+            let welcome = Frame::Welcome { version: PROTOCOL_VERSION, proof: b.own_proof(Role::Acceptor) };
             write_frame(send, &welcome)
                 .await
                 .map_err(|e| RefusalReason::ProtocolViolation(format!("writing Welcome: {e}")))
@@ -344,6 +292,7 @@ fn frame_name(f: &Frame) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn secret(s: &str) -> JoinSecret {
         JoinSecret::new(s).expect("non-empty")
@@ -353,23 +302,14 @@ mod tests {
         dialler_secret: &str,
         acceptor_secret: &str,
     ) -> (Result<(), DialOutcome>, Result<(), RefusalReason>) {
-        exchange_with(dialler_secret, acceptor_secret, "swim", "swim").await
-    }
-
-    async fn exchange_with(
-        dialler_secret: &str,
-        acceptor_secret: &str,
-        dialler_membership: &str,
-        acceptor_membership: &str,
-    ) -> (Result<(), DialOutcome>, Result<(), RefusalReason>) {
         let (a, b) = tokio::io::duplex(4096);
         let (mut ar, mut aw) = tokio::io::split(a);
         let (mut br, mut bw) = tokio::io::split(b);
         let (ds, acs) = (secret(dialler_secret), secret(acceptor_secret));
         let (d_id, a_id) = (NodeId::from_u64(1), NodeId::from_u64(2));
         let exporter = [9u8; 32];
-        let db = Binding { secret: &ds, exporter, own: d_id, peer: a_id, membership: dialler_membership };
-        let ab = Binding { secret: &acs, exporter, own: a_id, peer: d_id, membership: acceptor_membership };
+        let db = Binding { secret: &ds, exporter, own: d_id, peer: a_id };
+        let ab = Binding { secret: &acs, exporter, own: a_id, peer: d_id };
         tokio::join!(dial(&mut aw, &mut ar, &db), accept(&mut bw, &mut br, &ab))
     }
 
@@ -393,14 +333,8 @@ mod tests {
         let (mut ar, mut aw) = tokio::io::split(a);
         let (mut br, mut bw) = tokio::io::split(b);
         let s = secret("x");
-        let bind = Binding {
-            secret: &s,
-            exporter: [0; 32],
-            own: NodeId::from_u64(2),
-            peer: NodeId::from_u64(1),
-            membership: "swim",
-        };
-        let hello = Frame::Hello { version: PROTOCOL_VERSION + 1, proof: [0; 32], membership: "swim".into() };
+        let bind = Binding { secret: &s, exporter: [0; 32], own: NodeId::from_u64(2), peer: NodeId::from_u64(1) };
+        let hello = Frame::Hello { version: PROTOCOL_VERSION + 1, proof: [0; 32] };
         let (_, verdict) = tokio::join!(write_frame(&mut aw, &hello), accept(&mut bw, &mut br, &bind));
         assert_eq!(
             verdict,
@@ -408,56 +342,108 @@ mod tests {
         );
         let reply = read_frame(&mut ar).await.expect("refuse frame");
         let Frame::Refuse(r) = reply else { panic!("expected Refuse, got {reply:?}") };
-        assert!(matches!(RefusalReason::decode(&r, "swim"), RefusalReason::VersionMismatch { .. }));
+        assert!(matches!(RefusalReason::decode(&r), RefusalReason::VersionMismatch { .. }));
+    }
+
+    /// A version 2 `Hello`, as the previous release sends it: the version, the proof, then the
+    /// membership protocol's name.
+    fn version_2_hello(proof: [u8; 32], membership: &str) -> Vec<u8> {
+        let mut frame = vec![1, 0, (34 + membership.len()) as u8, 0, 2];
+        frame.extend_from_slice(&proof);
+        frame.extend_from_slice(membership.as_bytes());
+        frame
+    }
+
+    /// Reads one raw frame: its kind and payload.
+    async fn read_raw<R: AsyncRead + Unpin>(r: &mut R) -> (u8, Vec<u8>) {
+        let mut header = [0u8; 3];
+        r.read_exact(&mut header).await.expect("frame header");
+        let mut payload = vec![0u8; usize::from(u16::from_be_bytes([header[1], header[2]]))];
+        r.read_exact(&mut payload).await.expect("frame payload");
+        (header[0], payload)
     }
 
     #[tokio::test]
-    async fn another_membership_protocol_is_refused_with_both_names() {
-        let (d, a) = exchange_with("s3cret", "s3cret", "push-pull", "swim").await;
-        let theirs = RefusalReason::MembershipMismatch { ours: "swim".into(), theirs: "push-pull".into() };
-        assert_eq!(a, Err(theirs));
-        let Err(DialOutcome::Refused(reason)) = d else { panic!("the dialler was not refused: {d:?}") };
-        assert_eq!(reason, RefusalReason::MembershipMismatch { ours: "push-pull".into(), theirs: "swim".into() });
+    async fn a_dialler_of_the_previous_release_is_refused_with_both_versions_named() {
+        let (a, b) = tokio::io::duplex(4096);
+        let (mut ar, mut aw) = tokio::io::split(a);
+        let (mut br, mut bw) = tokio::io::split(b);
+        let s = secret("s3cret");
+        let (d_id, a_id) = (NodeId::from_u64(1), NodeId::from_u64(2));
+        // Even with a valid proof: the version is what differs, and what both sides are told.
+        let old = Binding { secret: &s, exporter: [9; 32], own: d_id, peer: a_id };
+        let hello = version_2_hello(old.own_proof(Role::Dialler), "push-pull");
+        let new = Binding { secret: &s, exporter: [9; 32], own: a_id, peer: d_id };
+        let (written, verdict) = tokio::join!(aw.write_all(&hello), accept(&mut bw, &mut br, &new));
+        written.expect("hello written");
+        // This side's log line (`Refusal`'s Display carries the reason).
+        let Err(reason) = verdict else { panic!("a version 2 dialler was admitted") };
+        assert_eq!(reason, RefusalReason::VersionMismatch { ours: 3, theirs: Some(2) });
+        assert!(reason.to_string().contains("this side speaks 3, the other 2"), "{reason}");
+        // The refused side's: version 2 reads a refusal as tag 2 and the refuser's version, big
+        // endian, and shows "this side speaks 2, the other 3".
+        let (kind, payload) = read_raw(&mut ar).await;
+        assert_eq!((kind, payload), (3, vec![2, 0, 3]), "a Refuse frame naming version 3");
+    }
+
+    #[tokio::test]
+    async fn an_acceptor_of_the_previous_release_refuses_with_both_versions_named() {
+        let (a, b) = tokio::io::duplex(4096);
+        let (mut ar, mut aw) = tokio::io::split(a);
+        let (mut br, mut bw) = tokio::io::split(b);
+        let s = secret("s3cret");
+        let new = Binding { secret: &s, exporter: [9; 32], own: NodeId::from_u64(1), peer: NodeId::from_u64(2) };
+        let old_acceptor = async {
+            let (kind, hello) = read_raw(&mut br).await;
+            // Version 2 decodes a Hello of 34 to 98 bytes (version, proof, membership name)
+            // and checks the version first, so it reaches the version check and logs
+            // "this side speaks 2, the other 3".
+            assert_eq!(kind, 1, "a Hello");
+            assert_eq!(hello.len(), 34, "version, proof and nothing else");
+            assert_eq!(u16::from_be_bytes([hello[0], hello[1]]), 3);
+            bw.write_all(&[3, 0, 3, 2, 0, 2]).await.expect("refuse written");
+        };
+        let (outcome, ()) = tokio::join!(dial(&mut aw, &mut ar, &new), old_acceptor);
+        let Err(DialOutcome::Refused(reason)) = outcome else { panic!("not refused: {outcome:?}") };
+        assert_eq!(reason, RefusalReason::VersionMismatch { ours: 3, theirs: Some(2) });
+        assert!(reason.is_permanent());
         let shown = format!("{reason} — {}", reason.hint());
-        assert!(shown.contains("this side runs push-pull, the other swim"), "{shown}");
-        assert!(shown.contains("--membership"), "{shown}");
-    }
-
-    #[tokio::test]
-    async fn the_membership_protocol_is_told_only_to_who_knows_the_secret() {
-        let (d, a) = exchange_with("wrong", "s3cret", "push-pull", "swim").await;
-        assert_eq!(a, Err(RefusalReason::JoinSecretMismatch));
-        assert!(matches!(d, Err(DialOutcome::Refused(RefusalReason::JoinSecretMismatch))), "{d:?}");
+        assert!(shown.contains("this side speaks 3, the other 2") && shown.contains("same Tela release"), "{shown}");
     }
 
     #[tokio::test]
     async fn a_proof_from_another_session_is_rejected() {
         let s = secret("same");
         let (d, a) = (NodeId::from_u64(1), NodeId::from_u64(2));
-        let session1 = Binding { secret: &s, exporter: [1; 32], own: d, peer: a, membership: "" };
-        let session2 = Binding { secret: &s, exporter: [2; 32], own: a, peer: d, membership: "" };
+        let session1 = Binding { secret: &s, exporter: [1; 32], own: d, peer: a };
+        let session2 = Binding { secret: &s, exporter: [2; 32], own: a, peer: d };
         let replayed = session1.own_proof(Role::Dialler);
         assert!(!session2.peer_proof_valid(Role::Dialler, &replayed));
         // and a proof cannot be reflected to its sender in the other role
-        let reflect = Binding { secret: &s, exporter: [1; 32], own: a, peer: d, membership: "" };
+        let reflect = Binding { secret: &s, exporter: [1; 32], own: a, peer: d };
         assert!(!reflect.peer_proof_valid(Role::Acceptor, &replayed));
     }
 
     #[test]
     fn refusals_decode_without_panicking() {
         for bytes in [&[][..], &[0], &[2], &[2, 1], &[3, 0xff, 0xfe], &[4], &[4, 0xff], &[200, 1, 2]] {
-            let _ = RefusalReason::decode(bytes, "swim");
+            let _ = RefusalReason::decode(bytes);
         }
-        assert_eq!(
-            RefusalReason::decode(&RefusalReason::JoinSecretMismatch.encode(), "swim"),
-            RefusalReason::JoinSecretMismatch
-        );
-        let mismatch = RefusalReason::MembershipMismatch { ours: "push-pull".into(), theirs: "swim".into() };
-        assert_eq!(
-            RefusalReason::decode(&mismatch.encode(), "swim"),
-            RefusalReason::MembershipMismatch { ours: "swim".into(), theirs: "push-pull".into() },
-            "seen from the receiver's side"
-        );
+        for reason in [
+            RefusalReason::JoinSecretMismatch,
+            RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(PROTOCOL_VERSION) },
+        ] {
+            assert_eq!(RefusalReason::decode(&reason.encode()), reason);
+        }
+    }
+
+    #[test]
+    fn only_refusals_a_setting_must_fix_are_permanent() {
+        assert!(RefusalReason::JoinSecretMismatch.is_permanent());
+        assert!(RefusalReason::VersionMismatch { ours: 3, theirs: None }.is_permanent());
+        assert!(!RefusalReason::ProtocolViolation("x".into()).is_permanent());
+        assert!(!RefusalReason::Handshake("x".into()).is_permanent());
+        assert!(!RefusalReason::TimedOut.is_permanent());
     }
 
     #[test]

@@ -15,8 +15,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Largest payload of one control frame; comfortably above `MAX_DATAGRAM`.
 pub(crate) const MAX_PAYLOAD: usize = 4096;
 
-/// Longest membership protocol name a `Hello` or `Welcome` carries.
-pub(crate) const MAX_MEMBERSHIP: usize = 64;
+/// Bytes after the proof that a `Hello` or `Welcome` may carry and that are ignored: version 2
+/// sent the membership protocol's name there (at most 64 bytes). Decoding such a frame lets the
+/// version check, not a length error, tell both sides what is wrong.
+const MAX_OLD_TAIL: usize = 64;
 
 const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
@@ -28,10 +30,10 @@ const PING: u8 = 6;
 /// One control frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Frame {
-    /// Dialler → acceptor: its protocol version, admission proof and membership protocol.
-    Hello { version: u16, proof: [u8; 32], membership: String },
-    /// Acceptor → dialler: admitted; its own version, proof and membership protocol.
-    Welcome { version: u16, proof: [u8; 32], membership: String },
+    /// Dialler → acceptor: its protocol version and admission proof.
+    Hello { version: u16, proof: [u8; 32] },
+    /// Acceptor → dialler: admitted; its own version and proof.
+    Welcome { version: u16, proof: [u8; 32] },
     /// Acceptor → dialler: not admitted; an encoded [`crate::admission::RefusalReason`].
     Refuse(Bytes),
     /// An unreliable message (TCP and memory transports only).
@@ -56,12 +58,10 @@ pub(crate) enum FrameError {
 impl Frame {
     fn encode(&self) -> (u8, Vec<u8>) {
         match self {
-            Frame::Hello { version, proof, membership } | Frame::Welcome { version, proof, membership } => {
-                let membership = truncate_utf8(membership, MAX_MEMBERSHIP);
-                let mut p = Vec::with_capacity(34 + membership.len());
+            Frame::Hello { version, proof } | Frame::Welcome { version, proof } => {
+                let mut p = Vec::with_capacity(34);
                 p.extend_from_slice(&version.to_be_bytes());
                 p.extend_from_slice(proof);
-                p.extend_from_slice(membership.as_bytes());
                 let kind = if matches!(self, Frame::Hello { .. }) { HELLO } else { WELCOME };
                 (kind, p)
             }
@@ -73,31 +73,27 @@ impl Frame {
     }
 
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Frame, FrameError> {
-        // Version 1 frames end after the proof; they decode with no membership named, so that
-        // the version check, not a length error, tells the other side what is wrong.
-        let versioned = |p: &[u8]| -> Result<(u16, [u8; 32], String), FrameError> {
-            if !(34..=34 + MAX_MEMBERSHIP).contains(&p.len()) {
+        let versioned = |p: &[u8]| -> Result<(u16, [u8; 32]), FrameError> {
+            if !(34..=34 + MAX_OLD_TAIL).contains(&p.len()) {
                 return Err(FrameError::Malformed(format!(
                     "handshake frame of {} bytes, expected 34 to {}",
                     p.len(),
-                    34 + MAX_MEMBERSHIP
+                    34 + MAX_OLD_TAIL
                 )));
             }
             let version = u16::from_be_bytes([p[0], p[1]]);
             let mut proof = [0u8; 32];
             proof.copy_from_slice(&p[2..34]);
-            let membership = core::str::from_utf8(&p[34..])
-                .map_err(|_| FrameError::Malformed("membership protocol name is not UTF-8".into()))?;
-            Ok((version, proof, membership.to_string()))
+            Ok((version, proof))
         };
         Ok(match kind {
             HELLO => {
-                let (version, proof, membership) = versioned(&payload)?;
-                Frame::Hello { version, proof, membership }
+                let (version, proof) = versioned(&payload)?;
+                Frame::Hello { version, proof }
             }
             WELCOME => {
-                let (version, proof, membership) = versioned(&payload)?;
-                Frame::Welcome { version, proof, membership }
+                let (version, proof) = versioned(&payload)?;
+                Frame::Welcome { version, proof }
             }
             REFUSE => Frame::Refuse(Bytes::from(payload)),
             DATAGRAM => Frame::Datagram(Bytes::from(payload)),
@@ -166,9 +162,8 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip() {
         for f in [
-            Frame::Hello { version: 1, proof: [7; 32], membership: String::new() },
-            Frame::Hello { version: 2, proof: [7; 32], membership: "swim".into() },
-            Frame::Welcome { version: 9, proof: [1; 32], membership: "push-pull".into() },
+            Frame::Hello { version: 3, proof: [7; 32] },
+            Frame::Welcome { version: 9, proof: [1; 32] },
             Frame::Refuse(Bytes::from_static(b"\x01")),
             Frame::Datagram(Bytes::from(vec![3u8; 1100])),
             Frame::Close("bye".into()),
@@ -179,16 +174,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn hellos_of_earlier_versions_decode_so_their_version_can_be_refused() {
+        // Version 1: the version and the proof. Version 2: then the membership protocol's name.
+        for tail in [&b""[..], b"push-pull", b"swim"] {
+            let mut frame = vec![HELLO, 0, 34 + tail.len() as u8, 0, 2];
+            frame.extend_from_slice(&[5; 32]);
+            frame.extend_from_slice(tail);
+            let decoded = read_frame(&mut frame.as_slice()).await.expect("decodes");
+            assert_eq!(decoded, Frame::Hello { version: 2, proof: [5; 32] });
+        }
+    }
+
+    #[tokio::test]
     async fn malformed_frames_are_errors() {
-        let mut long_hello = vec![HELLO, 0, 34 + MAX_MEMBERSHIP as u8 + 1];
-        long_hello.resize(3 + 34 + MAX_MEMBERSHIP + 1, b'a');
-        let mut not_utf8 = vec![HELLO, 0, 35];
-        not_utf8.resize(3 + 34, 0);
-        not_utf8.push(0xff);
-        let cases: [&[u8]; 7] = [
+        let mut long_hello = vec![HELLO, 0, 34 + MAX_OLD_TAIL as u8 + 1];
+        long_hello.resize(3 + 34 + MAX_OLD_TAIL + 1, b'a');
+        let cases: [&[u8]; 6] = [
             &[HELLO, 0, 3, 1, 2, 3], // short hello
-            &long_hello,             // membership name over its bound
-            &not_utf8,               // membership name not UTF-8
+            &long_hello,             // more after the proof than any release sent
             &[99, 0, 0],             // unknown kind
             &[DATAGRAM, 0xff, 0xff], // over the payload bound
             &[DATAGRAM, 0, 5, 1, 2], // truncated payload

@@ -29,9 +29,6 @@ pub struct EndpointConfig {
     pub identity: Identity,
     /// The federation's join secret.
     pub join_secret: JoinSecret,
-    /// The federation's membership protocol by name (`push-pull`, `swim`; empty by default):
-    /// admission refuses a peer that names another, telling both sides which each runs.
-    pub membership: String,
     /// How often an idle connection sends a keep-alive (keeps NAT mappings open).
     pub keep_alive: Duration,
     /// How long a connection may hear nothing from the peer before it is closed.
@@ -47,13 +44,12 @@ pub struct EndpointConfig {
 }
 
 impl EndpointConfig {
-    /// Defaults: no membership protocol named, keep-alive 5 s, idle timeout 30 s, handshake
+    /// Defaults: keep-alive 5 s, idle timeout 30 s, handshake
     /// timeout 10 s, QUIC fallback after 3 s, listening on both QUIC and TCP.
     pub fn new(identity: Identity, join_secret: JoinSecret) -> EndpointConfig {
         EndpointConfig {
             identity,
             join_secret,
-            membership: String::new(),
             keep_alive: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
@@ -68,7 +64,6 @@ impl EndpointConfig {
 pub(crate) struct Settings {
     pub identity: Identity,
     pub join_secret: JoinSecret,
-    pub membership: String,
     pub keep_alive: Duration,
     pub idle_timeout: Duration,
     pub handshake_timeout: Duration,
@@ -79,13 +74,7 @@ impl Settings {
     /// What admission binds its proofs to on a connection to `peer` with TLS exporter
     /// material `exporter`.
     pub(crate) fn binding(&self, exporter: [u8; 32], peer: NodeId) -> Binding<'_> {
-        Binding {
-            secret: &self.join_secret,
-            exporter,
-            own: self.identity.node_id(),
-            peer,
-            membership: &self.membership,
-        }
+        Binding { secret: &self.join_secret, exporter, own: self.identity.node_id(), peer }
     }
 }
 
@@ -131,7 +120,7 @@ impl FromStr for TransportMode {
 
 impl ConnectError {
     /// Whether dialling the same address again cannot succeed until someone changes a setting
-    /// (the join secret, the release, the membership protocol) on one side or the other.
+    /// (the join secret, the release) on one side or the other.
     pub fn is_permanent(&self) -> bool {
         match self {
             ConnectError::Refused { reason, .. } => reason.is_permanent(),
@@ -448,7 +437,6 @@ fn settings(config: EndpointConfig) -> (Settings, Duration) {
         Settings {
             identity: config.identity,
             join_secret: config.join_secret,
-            membership: config.membership,
             keep_alive: config.keep_alive,
             idle_timeout: config.idle_timeout,
             handshake_timeout: config.handshake_timeout,

@@ -92,7 +92,7 @@ pub(crate) async fn dial(
     match admitted {
         Ok(Ok(())) => Ok(Connection::from_quic(peer, QuicConnection::new(conn))),
         // Usually the acceptor has closed the connection already; when it welcomed us with
-        // another membership protocol, we close it.
+        // another version, we close it.
         Ok(Err(DialOutcome::Refused(reason))) => Err(fail(&conn, ConnectError::Refused { addr, reason })),
         Ok(Err(DialOutcome::PeerNotAdmitted)) => {
             conn.close(CLOSE_NOT_ADMITTED.into(), b"join secret mismatch");
@@ -102,7 +102,7 @@ pub(crate) async fn dial(
             // The acceptor closed the connection with its refusal before our read saw the
             // Refuse frame.
             Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == CLOSE_REFUSED.into() => {
-                ConnectError::Refused { addr, reason: RefusalReason::decode(&c.reason, &settings.membership) }
+                ConnectError::Refused { addr, reason: RefusalReason::decode(&c.reason) }
             }
             _ => fail(&conn, handshake_error(addr, detail)),
         }),
@@ -181,9 +181,9 @@ fn close_reason_of(e: &quinn::ConnectionError, local: &OnceLock<String>) -> Clos
     use quinn::ConnectionError as E;
     match e {
         E::ApplicationClosed(c) if c.error_code == CLOSE_REFUSED.into() => {
-            // Refusals end connections during admission, where the dialler reads them with its
-            // own membership protocol (`connect`); here only the acceptor's words matter.
-            CloseReason::Peer { reason: format!("refused: {}", RefusalReason::decode(&c.reason, "")) }
+            // Refusals end connections during admission, where the dialler reads them
+            // (`connect`); here only the acceptor's words matter.
+            CloseReason::Peer { reason: format!("refused: {}", RefusalReason::decode(&c.reason)) }
         }
         E::ApplicationClosed(c) => CloseReason::Peer { reason: String::from_utf8_lossy(&c.reason).into_owned() },
         E::LocallyClosed => CloseReason::Local { reason: local.get().cloned().unwrap_or_default() },

@@ -392,8 +392,6 @@ pub struct JobSettings {
     pub join_secret_file: String,
     /// `auto`, `quic` or `tcp`.
     pub transport: String,
-    /// The federation's membership protocol: the gateway's own, not a setting of `[spin]`.
-    pub membership: tela_runtime::Membership,
     /// The job's working directory.
     pub working_dir: String,
     /// Default account.
@@ -770,7 +768,6 @@ fn resolve_job(section: Option<&JobSection>) -> Result<JobSettings, ConfigError>
         join: j.join.clone(),
         join_secret_file: j.join_secret_file.clone(),
         transport,
-        membership: tela_runtime::Membership::default(),
         working_dir: j.working_dir.clone().unwrap_or_else(|| "/tmp".into()),
         account: j.account.clone(),
         cpus_per_task: j.cpus_per_task.unwrap_or(4),
@@ -947,7 +944,6 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
         join: vec!["check:1".into()],
         join_secret_file: "secret".into(),
         transport: "auto".into(),
-        membership: tela_runtime::Membership::default(),
         working_dir: "/tmp".into(),
         account: None,
         cpus_per_task: 1,

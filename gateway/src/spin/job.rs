@@ -38,7 +38,6 @@ pub fn render(
     template.working_dir = settings.working_dir.clone();
     template.environment = vec![
         ("TELA_TRANSPORT".into(), settings.transport.clone()),
-        ("TELA_MEMBERSHIP".into(), settings.membership.to_string()),
         ("TELA_MODELS".into(), model.name().to_string()),
         ("TELA_HARDWARE_PROFILE".into(), partition.profile.clone()),
     ];

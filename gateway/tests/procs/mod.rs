@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use tela_core::{Lifecycle, NodeId, SharedRecord};
 use tela_runtime::anchor::{Anchor, AnchorConfig};
 use tela_runtime::status::RegistrySnapshot;
-use tela_runtime::Membership;
 use tela_transports::{Identity, JoinSecret, TransportMode};
 
 mod ports;
@@ -195,11 +194,6 @@ pub fn node(name: &str, files: &NodeFiles, join: &str, secret: &str, extra: &[&s
 
 /// An anchor inside the test process, on a free loopback port.
 pub async fn anchor() -> Anchor {
-    anchor_with(Membership::PushPull).await
-}
-
-/// An anchor inside the test process using `membership`.
-pub async fn anchor_with(membership: Membership) -> Anchor {
     Anchor::start(AnchorConfig {
         listen: "127.0.0.1:0".parse().expect("addr"),
         advertise: None,
@@ -208,7 +202,6 @@ pub async fn anchor_with(membership: Membership) -> Anchor {
         join: vec![],
         transport: TransportMode::Auto,
         drain_window: Duration::from_secs(5),
-        membership,
     })
     .await
     .expect("start the anchor")

@@ -3,7 +3,6 @@
 
 use crate::control::default_control_path;
 use crate::identity::{read_secret, SecretError};
-use crate::membership::{Membership, UnknownMembership};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,8 +25,8 @@ LIFECYCLE
   SERVE in its log only once a gateway has admitted it.
 
   Exit status: 0 after a drain; 78 when every --join address refused the node three times in
-  a row for a reason retrying cannot fix (wrong join secret, another release or membership
-  protocol: the error line says which); 130 after a second Ctrl-C; 1 on an internal failure.
+  a row for a reason retrying cannot fix (wrong join secret or another release: the error
+  line says which); 130 after a second Ctrl-C; 1 on an internal failure.
   Unreachable or overloaded gateways are redialled for as long as the node runs.
 
   Draining starts on SIGTERM, SIGUSR1, Ctrl-C, `tela drain`, or one drain window before the
@@ -77,10 +76,6 @@ pub struct NodeArgs {
     /// Transport to the gateways: QUIC, TCP+TLS, or QUIC falling back to TCP [default: auto].
     #[arg(long, env = "TELA_TRANSPORT", value_name = "auto|quic|tcp")]
     pub transport: Option<String>,
-
-    /// Membership protocol, the same as the gateways' [default: push-pull].
-    #[arg(long, env = "TELA_MEMBERSHIP", value_name = "push-pull|swim")]
-    pub membership: Option<String>,
 
     /// Identity key file, created on first run [default: ~/.config/tela/identity.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
@@ -150,7 +145,6 @@ struct FileConfig {
     join_secret: Option<String>,
     join_secret_file: Option<PathBuf>,
     transport: Option<String>,
-    membership: Option<String>,
     identity: Option<PathBuf>,
     backend_url: Option<String>,
     engine_cmd: Option<String>,
@@ -173,8 +167,6 @@ pub struct NodeSettings {
     pub join_secret: JoinSecret,
     /// Transport for dials.
     pub transport: TransportMode,
-    /// The federation's membership protocol.
-    pub membership: Membership,
     /// Identity key file (`None`: the default location).
     pub identity: Option<PathBuf>,
     /// The engine's base URL.
@@ -229,9 +221,6 @@ pub enum NodeConfigError {
     /// The secret is missing or unusable.
     #[error(transparent)]
     Secret(#[from] SecretError),
-    /// Unknown membership protocol.
-    #[error("--membership: {0}")]
-    BadMembership(#[from] UnknownMembership),
     /// Unknown transport.
     #[error("--transport '{0}' is not one of auto, quic, tcp")]
     BadTransport(String),
@@ -305,8 +294,6 @@ impl NodeArgs {
         let transport = pick(&self.transport, file.transport).unwrap_or_else(|| "auto".into());
         let transport: TransportMode =
             transport.parse().map_err(|_| NodeConfigError::BadTransport(transport.clone()))?;
-        let membership: Membership =
-            pick(&self.membership, file.membership).map_or(Ok(Membership::PushPull), |m| m.parse())?;
         let backend_url = pick(&self.backend_url, file.backend_url).unwrap_or_else(|| "http://127.0.0.1:8000".into());
         crate::engine::Backend::new(&backend_url)?;
         let engine_cmd = pick(&self.engine_cmd, file.engine_cmd).filter(|c| !c.trim().is_empty());
@@ -327,7 +314,6 @@ impl NodeArgs {
             join,
             join_secret,
             transport,
-            membership,
             identity: pick(&self.identity, file.identity),
             backend_url,
             engine_cmd,
@@ -435,7 +421,6 @@ join_secret = "from-file"
 drain_window = "10m"
 probe_interval = "5s"
 transport = "tcp"
-membership = "swim"
 "#,
         )
         .expect("write");
@@ -449,7 +434,6 @@ membership = "swim"
         assert_eq!(s.drain_window, Duration::from_secs(30 * 60), "flag over env");
         assert_eq!(s.probe_interval, Duration::from_secs(3), "env over file");
         assert_eq!(s.transport, TransportMode::Tcp, "file over default");
-        assert_eq!(s.membership, Membership::Swim, "file over default");
         assert_eq!(s.join, vec!["file-gw:7000".to_string()]);
         assert_eq!(s.stream_idle_timeout, Duration::from_secs(300), "default");
         assert_eq!(s.backend_url, "http://127.0.0.1:8000");
@@ -469,8 +453,6 @@ membership = "swim"
         assert!(e.contains("gh200"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--transport", "udp"]);
         assert!(e.contains("auto, quic, tcp"), "{e}");
-        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--membership", "gossip"]);
-        assert!(e.contains("--membership") && e.contains("push-pull or swim"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--backend-url", "https://x:1"]);
         assert!(e.contains("http://"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--walltime", "0s"]);

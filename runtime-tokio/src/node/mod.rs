@@ -88,16 +88,12 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     core.reach = Reachability::OutboundOnly;
     core.hardware = discovery.hardware.clone();
     core.drain_window = settings.drain_window;
-    settings.membership.apply(&mut core);
     let mut config = RuntimeConfig::new(core);
     config.join = settings.join.clone();
     config.transport = settings.transport;
     config.exit_when_refused = true;
 
-    let mut endpoint = EndpointConfig::new(identity, settings.join_secret.clone());
-    // Named at admission: an anchor running another membership protocol refuses this node.
-    endpoint.membership = settings.membership.to_string();
-    let endpoint = Endpoint::dialer(endpoint)?;
+    let endpoint = Endpoint::dialer(EndpointConfig::new(identity, settings.join_secret.clone()))?;
     let forward = ForwardConfig { idle_timeout: settings.stream_idle_timeout, ..ForwardConfig::default() };
     let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward));
     tracing::info!(

@@ -1,8 +1,9 @@
-//! Second dissemination mode: SWIM probing with piggybacked updates, selected with
-//! [`Dissemination::Swim`].
+//! How a node learns who is in the federation and spreads the registry: SWIM failure detection
+//! with Lifeguard-style suspicion, changes piggybacked on the probes, hashed-bucket
+//! anti-entropy, and anchor leases for outbound-only nodes. There is one membership protocol;
+//! every member runs it (a member of another wire version is refused at admission).
 //!
-//! Push-pull ([`crate::pushpull`]) sends every node's heartbeat to every node, which is what does
-//! not scale. In Swim mode a node instead:
+//! Heartbeats are not flooded (at 10,000 nodes every node would hear 10,000 a second). A node:
 //!
 //! - probes one member per protocol period with the [`Swim`] failure detector (ping, then
 //!   ping-req through helpers) and lets Lifeguard's suspicion decide who failed; a confirmed
@@ -16,8 +17,8 @@
 //!   never replaces a record or the other way round), as many as fit below `max_datagram`;
 //! - spreads only changes: its own record whenever it changes, and every merged record that was
 //!   news, unless it came in a bulk transfer (a joining node pulling the registry, which is old
-//!   news to everyone else). The heartbeat is no longer bumped on a timer; it moves with the owner's changes and
-//!   with refutations, so within a generation it is the SWIM incarnation. A suspected node
+//!   news to everyone else). The heartbeat is not bumped on a timer; it moves with the owner's
+//!   changes and with refutations, so within a generation it is the SWIM incarnation. A suspected node
 //!   refutes by bumping its heartbeat above the suspected one and spreading its record;
 //! - pushes each record whole for its first `eager_sends` sends only, then announces it by id
 //!   and version ([`Piggyback::Have`], ~23 bytes against ~160) for the rest of its sends
@@ -55,8 +56,8 @@
 //!   DOWN record (at most once a second per node), so a node confirmed failed
 //!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
 //!
-//! Liveness comes from the detector's standing, not from heartbeats: the replica is built
-//! [`Replica::without_expiry`], no sweep runs, and a node stops being routable when its record
+//! Liveness comes from the detector's standing, not from heartbeats: nothing in the replica
+//! expires, and a node stops being routable when its record
 //! turns DOWN (confirmed failure, drain, engine failure) or LEFT. A node suspected here (by this
 //! node's probes or by a suspicion gossiped to it) is not routable while the suspicion runs
 //! ([`Replica::set_alive`]): a node that died silently stops getting requests after one failed
@@ -72,10 +73,11 @@
 //! voucher's probe of such a node carries updates to it but judges nothing: few helpers can
 //! reach it, and one lost datagram would be a suspicion.
 //!
-//! The load summary in records is not refreshed in this mode (it would have to be flooded);
+//! The load summary in records is not refreshed by gossip (it would have to be flooded);
 //! routing reads load from the gateway's own accounting.
 //!
-//! [`Replica::without_expiry`]: crate::replica::Replica::without_expiry
+//! Every message a node receives goes through one dispatch, [`Node::on_message`].
+//!
 //! [`RECONNECT_INTERVAL`]: crate::anti_entropy::RECONNECT_INTERVAL
 //! [`Replica::set_alive`]: crate::replica::Replica::set_alive
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
@@ -115,20 +117,17 @@ const MAX_FETCHING: usize = 1024;
 /// announcements held, and its answer must not be a large multiple of its size.
 const MAX_FETCH_ANSWERS: usize = 2;
 
-/// How a node spreads records and judges liveness.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Dissemination {
-    /// Periodic push-pull of digests with heartbeat-based liveness ([`crate::pushpull`]); for
-    /// federations of up to a few hundred nodes.
-    #[default]
-    PushPull,
-    /// SWIM failure detection with updates piggybacked on probes (see [`crate::swim_mode`]).
-    Swim(SwimSettings),
+/// The failure detector's input a probe message carries.
+enum Probe {
+    Ping(u32),
+    PingReq(NodeId, u32),
+    Ack(u32),
+    Nack(u32),
 }
 
-/// Settings of [`Dissemination::Swim`].
+/// How the membership protocol runs ([`crate::Config::membership`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SwimSettings {
+pub struct MembershipSettings {
     /// The failure detector's settings.
     pub detector: SwimConfig,
     /// Time between piggyback-only gossip rounds (sent only while there is news).
@@ -160,12 +159,12 @@ pub struct SwimSettings {
     pub tombstone_ttl: Duration,
 }
 
-impl Default for SwimSettings {
+impl Default for MembershipSettings {
     /// The detector's defaults (1 s periods), gossip every 200 ms to 3 peers while there is news,
     /// `lambda` 4, queues of 4,096 updates, anti-entropy every 10 s (every 2 s on outbound-only
     /// nodes), tombstones kept 6 h.
-    fn default() -> SwimSettings {
-        SwimSettings {
+    fn default() -> MembershipSettings {
+        MembershipSettings {
             detector: SwimConfig::default(),
             gossip_interval: Duration::from_millis(200),
             gossip_fanout: 3,
@@ -222,10 +221,11 @@ impl Update for QueuedSuspicion {
     }
 }
 
-/// What a node in Swim mode holds beyond push-pull's state.
+/// The membership protocol's state in a node: the failure detector, the piggyback queues,
+/// suspicions running here, and records being fetched.
 #[derive(Clone, Debug)]
-pub(crate) struct SwimState {
-    settings: SwimSettings,
+pub(crate) struct Membership {
+    settings: MembershipSettings,
     pub(crate) detector: Swim,
     records: BroadcastQueue<RecordUpdate>,
     suspicions: BroadcastQueue<QueuedSuspicion>,
@@ -250,11 +250,11 @@ struct Fetching {
     fallbacks: [Option<NodeId>; FALLBACK_ANNOUNCERS],
 }
 
-impl SwimState {
-    pub(crate) fn new(settings: SwimSettings, local: NodeId, rng_seed: u64, now: Time) -> SwimState {
+impl Membership {
+    pub(crate) fn new(settings: MembershipSettings, local: NodeId, rng_seed: u64, now: Time) -> Membership {
         let detector = Swim::new(local, settings.detector.clone(), rng_seed ^ 0x5157_494d, now);
         let lambda = f64::from(settings.retransmit_mult);
-        SwimState {
+        Membership {
             records: BroadcastQueue::per_decade(lambda, settings.queue_capacity),
             suspicions: BroadcastQueue::new(lambda, settings.queue_capacity),
             suspects: BTreeSet::new(),
@@ -274,7 +274,7 @@ impl SwimState {
 
 /// The time between anti-entropy exchanges of a node reachable as `reach`: shorter when it is
 /// outbound-only.
-fn repair_interval(reach: &Reachability, settings: &SwimSettings) -> Duration {
+fn repair_interval(reach: &Reachability, settings: &MembershipSettings) -> Duration {
     if *reach == Reachability::OutboundOnly {
         settings.outbound_anti_entropy_interval.min(settings.anti_entropy_interval)
     } else {
@@ -283,9 +283,9 @@ fn repair_interval(reach: &Reachability, settings: &SwimSettings) -> Duration {
 }
 
 impl Node {
-    /// Arms Swim mode's timers and queues the node's first record.
-    pub(crate) fn swim_start(&mut self) {
-        let Some(st) = self.swim.as_ref() else { return };
+    /// Arms the membership's timers and queues the node's first record.
+    pub(crate) fn start_membership(&mut self) {
+        let st = &self.membership;
         let gossip = st.settings.gossip_interval;
         let first_repair = repair_interval(&self.config.reach, &st.settings).min(gossip.saturating_mul(10));
         let jitter = self.jitter(gossip);
@@ -293,21 +293,18 @@ impl Node {
         let jitter = self.jitter(first_repair);
         self.timers.set(Timer::AntiEntropy, self.now + jitter);
         self.spread_local_change();
-        self.swim_drive();
+        self.drive_detector();
     }
 
-    /// Queues the local record after the owner changed it (Swim mode only).
+    /// Queues the local record after the owner changed it.
     pub(crate) fn spread_local_change(&mut self) {
         let own = self.replica.local().clone();
         self.queue_record(own);
     }
 
     fn queue_record(&mut self, record: SharedRecord) {
-        if self.swim.is_none() {
-            return;
-        }
         let Some(encoded) = self.piggyback_encoding(&record) else { return };
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         st.records.push(RecordUpdate::with_encoding(record, encoded, st.settings.eager_sends));
     }
 
@@ -326,7 +323,7 @@ impl Node {
 
     /// A merge changed `id`'s record (it was at `before`, a generation, if known): spread it
     /// (unless `spread` is false) and bring the detector's membership in line.
-    pub(crate) fn swim_record_changed(&mut self, id: NodeId, before: Option<u64>, spread: bool) {
+    pub(crate) fn record_changed(&mut self, id: NodeId, before: Option<u64>, spread: bool) {
         let Some(slot) = self.replica.get(&id) else { return };
         let record = slot.record().clone();
         let probeable = self.reachable(&record);
@@ -335,7 +332,7 @@ impl Node {
             self.queue_record(record.clone());
         }
         let (now, me) = (self.now, self.config.id);
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         if record.state >= Lifecycle::Down || before.is_some_and(|g| g != record.generation) {
             st.detector.remove_member(id);
             st.suspicions.remove(&id);
@@ -356,21 +353,8 @@ impl Node {
         }
     }
 
-    /// A heartbeat heard in a digest (anti-entropy): a refutation that bypassed the queues.
-    pub(crate) fn swim_heartbeat_heard(&mut self, id: NodeId, heartbeat: u64) {
-        let now = self.now;
-        if let Some(st) = self.swim.as_mut() {
-            if st.detector.on_alive_gossip(now, id, heartbeat) == Rumor::Spread {
-                st.suspicions.remove(&id);
-            }
-        }
-    }
-
     /// A connection to `peer` came up or went away.
-    pub(crate) fn swim_connection(&mut self, peer: NodeId, up: bool) {
-        if self.swim.is_none() {
-            return;
-        }
+    pub(crate) fn connection_changed(&mut self, peer: NodeId, up: bool) {
         let (now, me) = (self.now, self.config.id);
         let record = self.replica.get(&peer).map(|s| s.record().clone());
         if up {
@@ -381,7 +365,7 @@ impl Node {
         let Some(record) = record.filter(|r| r.state < Lifecycle::Down) else { return };
         let probeable = self.reachable(&record);
         let outbound = record.reach == Reachability::OutboundOnly;
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         st.detector.set_probeable(peer, probeable);
         if outbound {
             if up {
@@ -393,19 +377,44 @@ impl Node {
         }
     }
 
-    /// Handles the SWIM messages; push-pull messages go to [`Node::handle_message`].
-    pub(crate) fn swim_message(&mut self, from: NodeId, msg: Message) {
+    /// Every message a peer sends, by kind: the one place a datagram's meaning is decided.
+    pub(crate) fn on_message(&mut self, from: NodeId, msg: Message) {
         let now = self.now;
         let (probe, piggyback) = match msg {
-            Message::Ping { seq, piggyback } => (Some((0, seq, None)), piggyback),
-            Message::PingReq { target, seq, piggyback } => (Some((1, seq, Some(target))), piggyback),
-            Message::Ack { seq, piggyback } => (Some((2, seq, None)), piggyback),
-            Message::Nack { seq, piggyback } => (Some((3, seq, None)), piggyback),
+            Message::Ping { seq, piggyback } => (Some(Probe::Ping(seq)), piggyback),
+            Message::PingReq { target, seq, piggyback } => (Some(Probe::PingReq(target, seq)), piggyback),
+            Message::Ack { seq, piggyback } => (Some(Probe::Ack(seq)), piggyback),
+            Message::Nack { seq, piggyback } => (Some(Probe::Nack(seq)), piggyback),
             Message::Gossip(piggyback) => (None, piggyback),
-            other => {
-                self.heard_from(from);
-                self.tell_if_down(from);
-                return self.handle_message(from, other);
+            Message::Records(records) => {
+                self.heard(from);
+                // Many records at once are a bulk transfer (a join, a long separation): news to
+                // this replica, old news to the federation, so they are not gossiped on.
+                let spread = records.len() <= crate::anti_entropy::BULK_RECORDS;
+                for r in records {
+                    self.absorb_news(r, spread);
+                }
+                return;
+            }
+            Message::Want(ids) => {
+                self.heard(from);
+                // A want comes from an anti-entropy exchange, which asks for whole buckets.
+                let records: Vec<SharedRecord> =
+                    ids.iter().filter_map(|id| self.replica.get(id).map(|s| s.record().clone())).collect();
+                self.send_records_up_to(from, &records, crate::anti_entropy::MAX_EXCHANGE_DATAGRAMS);
+                return;
+            }
+            Message::Buckets { count, first, hashes } => {
+                self.heard(from);
+                return self.on_buckets(from, count, first, &hashes);
+            }
+            Message::BucketEntries { count, complete, entries } => {
+                self.heard(from);
+                return self.on_bucket_entries(from, count, &complete, &entries);
+            }
+            Message::Fetch(ids) => {
+                self.heard(from);
+                return self.on_fetch(from, &ids);
             }
         };
         if probe.is_none() {
@@ -435,23 +444,28 @@ impl Node {
                 self.stats.news_answers += 1;
             }
         }
-        let Some(st) = self.swim.as_mut() else { return };
+        let detector = &mut self.membership.detector;
         match probe {
-            Some((0, seq, _)) => st.detector.on_ping(now, from, seq),
-            Some((1, seq, Some(target))) => st.detector.on_ping_req(now, from, target, seq),
-            Some((2, seq, _)) => st.detector.on_ack(now, from, seq),
-            Some((3, seq, _)) => st.detector.on_nack(now, from, seq),
-            _ => {}
+            Some(Probe::Ping(seq)) => detector.on_ping(now, from, seq),
+            Some(Probe::PingReq(target, seq)) => detector.on_ping_req(now, from, target, seq),
+            Some(Probe::Ack(seq)) => detector.on_ack(now, from, seq),
+            Some(Probe::Nack(seq)) => detector.on_nack(now, from, seq),
+            None => {}
         }
+    }
+
+    /// A message that is not a probe came from `from`: it renews a lease, and tells a node held
+    /// DOWN that it is.
+    fn heard(&mut self, from: NodeId) {
+        self.heard_from(from);
+        self.tell_if_down(from);
     }
 
     /// A message from `from` that the detector's probe inputs do not see (they renew on their
     /// own): renews the lease an anchor holds on an outbound-only member.
     fn heard_from(&mut self, from: NodeId) {
         let now = self.now;
-        if let Some(st) = self.swim.as_mut() {
-            st.detector.heard_from(now, from);
-        }
+        self.membership.detector.heard_from(now, from);
     }
 
     /// A piggybacked suspicion of `id` at `(generation, heartbeat)` raised by `from`. Returns the
@@ -459,7 +473,6 @@ impl Node {
     /// the sender has missed a refutation, and telling it directly is cheaper than letting its
     /// suspicion run out.
     fn on_suspicion(&mut self, id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> Option<SharedRecord> {
-        self.swim.as_ref()?;
         if id == self.config.id {
             let own = self.replica.local().clone();
             if own.state == Lifecycle::Left {
@@ -472,9 +485,7 @@ impl Node {
                 // Alive at a higher incarnation: the record at the new heartbeat refutes it.
                 self.stats.suspicions_refuted += 1;
                 self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
-                if let Some(st) = self.swim.as_mut() {
-                    st.detector.note_refuted();
-                }
+                self.membership.detector.note_refuted();
             }
             return Some(self.replica.local().clone());
         }
@@ -483,7 +494,7 @@ impl Node {
             return Some(held);
         }
         let now = self.now;
-        let st = self.swim.as_mut()?;
+        let st = &mut self.membership;
         if held.generation != generation {
             return None; // a generation we do not hold yet: its record will tell more
         }
@@ -503,7 +514,7 @@ impl Node {
         }
         let Some(record) = self.replica.get(&from).map(|s| s.record().clone()) else { return };
         let now = self.now;
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         if st.told_down.iter().any(|(id, at)| *id == from && now < *at + NOTICE_INTERVAL) {
             return;
         }
@@ -524,7 +535,7 @@ impl Node {
             return;
         }
         let (now, limit) = (self.now, self.config.max_datagram);
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         let mut b = Builder::fetch(limit);
         for (id, version) in announced {
             if !self.replica.lacks(id, version) {
@@ -558,7 +569,7 @@ impl Node {
     /// repairs what is still missing then). Called every gossip round.
     fn retry_fetches(&mut self) {
         let now = self.now;
-        let Some(st) = self.swim.as_mut() else { return };
+        let st = &mut self.membership;
         if st.fetching.is_empty() {
             return;
         }
@@ -593,9 +604,6 @@ impl Node {
     /// gossip (merged and spread on like any piggybacked news), in at most
     /// [`MAX_FETCH_ANSWERS`] datagrams.
     pub(crate) fn on_fetch(&mut self, from: NodeId, ids: &[NodeId]) {
-        if self.swim.is_none() {
-            return;
-        }
         let limit = self.config.max_datagram;
         let mut b = ProbeBuilder::gossip(limit);
         let mut sent = 0;
@@ -641,9 +649,10 @@ impl Node {
         true
     }
 
-    /// Swim mode's share of [`Node::handle_timeouts`]: returns false for timers it does not own.
-    pub(crate) fn swim_timer(&mut self, timer: Timer) -> bool {
-        let Some(st) = self.swim.as_mut() else { return false };
+    /// The membership's share of [`Node::handle_timeouts`]: returns false for timers it does not
+    /// own.
+    pub(crate) fn membership_timer(&mut self, timer: Timer) -> bool {
+        let st = &mut self.membership;
         let now = self.now;
         match timer {
             Timer::Probe => st.detector.on_timeout(now),
@@ -686,15 +695,15 @@ impl Node {
     }
 
     /// Turns the detector's actions into datagrams and queued updates and its events into
-    /// registry changes, then re-arms its timer. Called after every input in Swim mode.
-    pub(crate) fn swim_drive(&mut self) {
+    /// registry changes, then re-arms its timer. Called after every input.
+    pub(crate) fn drive_detector(&mut self) {
         if self.exited {
             return;
         }
         let me = self.config.id;
         let limit = self.config.max_datagram;
         loop {
-            let Some(st) = self.swim.as_mut() else { return };
+            let st = &mut self.membership;
             if let Some(action) = st.detector.poll_action() {
                 match action {
                     // Probes are never empty, so always sent.
@@ -712,8 +721,8 @@ impl Node {
                     }
                     Action::GossipSuspect { id, incarnation } => {
                         let generation = self.replica.get(&id).map(|s| s.record().generation);
-                        if let (Some(generation), Some(st)) = (generation, self.swim.as_mut()) {
-                            st.suspicions.push(QueuedSuspicion::new(id, generation, incarnation, me));
+                        if let Some(generation) = generation {
+                            self.membership.suspicions.push(QueuedSuspicion::new(id, generation, incarnation, me));
                         }
                     }
                     // The node handles suspicions of itself in `on_suspicion`; the detector only
@@ -763,7 +772,7 @@ impl Node {
     /// buddy system, not waiting for the next probe of it).
     fn notify_suspect(&mut self, id: NodeId) {
         let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
-        let Some(heartbeat) = self.swim.as_ref().and_then(|st| st.detector.member_incarnation(&id)) else { return };
+        let Some(heartbeat) = self.membership.detector.member_incarnation(&id) else { return };
         if !self.reachable(&record) {
             return;
         }
@@ -795,7 +804,7 @@ impl Node {
     /// nothing in it is not sent. Returns whether a datagram was sent.
     fn send_probe(&mut self, to: NodeId, mut b: ProbeBuilder, buddy: Option<NodeId>, skip_empty: bool) -> bool {
         let n = self.replica.len();
-        let Some(st) = self.swim.as_mut() else { return false };
+        let st = &mut self.membership;
         if let Some(target) = buddy {
             // Lifeguard's buddy system: the suspect hears of the suspicion at once. Other running
             // suspicions ride along too, so that a peer that holds the refutation answers it.
@@ -830,51 +839,16 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{Config, ConfigError, Output};
+    use crate::node::{Config, Output};
 
     fn suspicion(heartbeat: u64, from: u64) -> QueuedSuspicion {
         QueuedSuspicion::new(NodeId::from_u64(7), 3, heartbeat, NodeId::from_u64(from))
     }
 
     #[test]
-    fn push_pull_stays_the_default() {
-        let c = Config::new(NodeId::from_u64(1), 1);
-        assert_eq!(c.dissemination, Dissemination::PushPull);
-        let node = Node::new(c, Time::ZERO);
-        assert!(node.swim().is_none() && node.swim_queued().is_none());
-        assert_eq!(node.timers.get(Timer::Probe), None);
-        assert_eq!(node.timers.get(Timer::AntiEntropy), None);
-    }
-
-    #[test]
-    fn swim_settings_are_validated() {
-        let mut c = Config::new(NodeId::from_u64(1), 1);
-        let mut s = SwimSettings::default();
-        c.dissemination = Dissemination::Swim(s.clone());
-        assert_eq!(c.validate(), Ok(()));
-        s.gossip_interval = Duration::ZERO;
-        c.dissemination = Dissemination::Swim(s.clone());
-        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim gossip_interval")));
-        s = SwimSettings { outbound_anti_entropy_interval: Duration::ZERO, ..SwimSettings::default() };
-        c.dissemination = Dissemination::Swim(s.clone());
-        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("swim outbound_anti_entropy_interval")));
-        s = SwimSettings { eager_sends: 0, ..SwimSettings::default() };
-        c.dissemination = Dissemination::Swim(s.clone());
-        assert_eq!(c.validate(), Err(ConfigError::ZeroEagerSends));
-        s = SwimSettings::default();
-        s.detector.probe_timeout = s.detector.protocol_period;
-        c.dissemination = Dissemination::Swim(s);
-        assert!(c.validate().unwrap_err().to_string().contains("probe_timeout"));
-    }
-
-    #[test]
-    fn swim_mode_neither_beats_nor_sweeps_and_queues_its_record() {
-        let mut c = Config::new(NodeId::from_u64(1), 1);
-        c.dissemination = Dissemination::Swim(SwimSettings::default());
-        let mut node = Node::new(c, Time::ZERO);
-        assert_eq!(node.timers.get(Timer::Heartbeat), None);
-        assert_eq!(node.timers.get(Timer::Sweep), None);
-        assert_eq!(node.swim_queued(), Some((1, 0)));
+    fn a_lone_node_neither_beats_nor_sends_and_queues_its_record() {
+        let mut node = Node::new(Config::new(NodeId::from_u64(1), 1), Time::ZERO);
+        assert_eq!(node.swim_queued(), (1, 0));
         // Alone, it sends nothing however long it runs, and its heartbeat stays put.
         let mut now = Time::ZERO;
         for _ in 0..200 {
@@ -915,7 +889,6 @@ mod tests {
     fn a_node_merges_its_own_down_mark_unchecked_and_gossips_it() {
         let counting = std::sync::Arc::new(Counting::default());
         let mut c = Config::new(NodeId::from_u64(1), 1);
-        c.dissemination = Dissemination::Swim(SwimSettings::default());
         c.verifier = crate::auth::Verifier::custom(counting.clone());
         let mut node = Node::new(c, Time::ZERO);
         let peer = NodeId::from_u64(2);
@@ -934,16 +907,16 @@ mod tests {
         assert_eq!(crate::auth::check(&held, &crate::auth::Verifier::with_test_identities()), Ok(()), "and valid");
         assert_eq!(counting.0.load(std::sync::atomic::Ordering::Relaxed), checks, "its own mark is not checked");
         assert_eq!(node.stats().confirmed_down, 1);
-        let st = node.swim.as_ref().expect("swim mode");
+        let st = &node.membership;
         let queued = st.records.get(&peer).expect("queued for gossip").record();
         assert!(std::sync::Arc::ptr_eq(queued, &held), "the DOWN record replaced the peer's queued record");
     }
 
-    /// A node in Swim mode, its id 1, that holds the signed records of public peers 8 and 9 and
+    /// A node, its id 1, that holds the signed records of public peers 8 and 9 and
     /// of node 5 at heartbeat 1; returns it with node 5's record.
     fn node_with_peers(eager_sends: u32) -> (Node, Record) {
         let mut c = Config::new(NodeId::from_u64(1), 1);
-        c.dissemination = Dissemination::Swim(SwimSettings { eager_sends, ..SwimSettings::default() });
+        c.membership.eager_sends = eager_sends;
         let mut node = Node::new(c, Time::ZERO);
         let signed = |n: u64, reach: Reachability| {
             let mut r = Record::new(NodeId::from_u64(n), 1, crate::Role::Serving, crate::Hardware::CPU, reach);
@@ -1044,7 +1017,7 @@ mod tests {
         assert_eq!(node.stats().records_fetched, 2);
         // The fetch is forgotten at the next round past the retry time.
         node.handle_input(now + Duration::from_secs(1), crate::node::Input::Timeout);
-        assert!(node.swim.as_ref().expect("swim").fetching.is_empty());
+        assert!(node.membership.fetching.is_empty());
     }
 
     #[test]

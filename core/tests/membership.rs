@@ -1,4 +1,4 @@
-//! The node in Swim mode: replicas converge under loss, a crashed node is confirmed DOWN
+//! The membership protocol: replicas converge under loss, a crashed node is confirmed DOWN
 //! everywhere, a falsely suspected node refutes, restarts and drains spread, and an idle
 //! federation costs little more than its probes.
 
@@ -9,12 +9,8 @@ use tela_core::harness::Harness;
 use tela_core::wire::{encode_unbounded, Message, Piggyback};
 use tela_core::{Input, Lifecycle, Load, NodeId, SwimConfig};
 
-fn swim_public(n: u64) -> tela_core::Config {
-    swim(public(n))
-}
-
 fn converge(n: u64, seed: u64, loss: f64) {
-    let mut h = star_serving_two_models(n, seed, loss, swim_public);
+    let mut h = star_serving_two_models(n, seed, loss, public);
     let started = h.now();
     let ok = h.run_until(LONG, |h| {
         views_agree(h)
@@ -56,11 +52,11 @@ fn a_node_joining_a_formed_federation_pulls_the_registry_by_anti_entropy() {
     // pulls every record in bucket exchanges that follow each other while they find
     // differences, long before the 10 s anti-entropy interval would come round again.
     const N: u64 = 100;
-    let mut h = star_serving_two_models(N, 3, 0.01, swim_public);
+    let mut h = star_serving_two_models(N, 3, 0.01, public);
     assert!(h.run_until(LONG, views_agree), "the federation did not form");
     let joined = h.now();
     let late = tela_core::NodeId::from_u64(N + 1);
-    h.add(swim(tela_core::Config::new(late, 1)));
+    h.add(tela_core::Config::new(late, 1));
     h.connect(late, id(1));
     let ok = h.run_until(Duration::from_secs(8), |h| h.node(late).replica().len() == N as usize + 1);
     assert!(ok, "the new node holds {} of {} records", h.node(late).replica().len(), N + 1);
@@ -77,7 +73,7 @@ fn a_crashed_node_is_confirmed_down_by_everyone_within_the_bound() {
     let (_, longest) = detector.suspicion_bounds(N as usize);
     let bound = detector.protocol_period * (N as u32 - 1) + longest + detector.protocol_period * 10;
     for seed in [1u64, 2, 3] {
-        let mut h = federation_of(N, seed, swim_public);
+        let mut h = federation_of(N, seed, public);
         let victim = id(2 + seed % (N - 1));
         let g = h.node(victim).local_record().generation;
         h.kill(victim);
@@ -94,7 +90,7 @@ fn a_crashed_node_is_confirmed_down_by_everyone_within_the_bound() {
 
 #[test]
 fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
-    let mut h = federation_of(12, 6, swim_public);
+    let mut h = federation_of(12, 6, public);
     let victim = id(3);
     let own = h.node(victim).local_record().clone();
     // Node 8 claims that node 3 is suspect at its current heartbeat.
@@ -103,13 +99,11 @@ fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
     for x in [id(1), id(2), victim] {
         h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
     }
-    assert!(h.node(id(1)).swim().is_some_and(|s| s.is_suspect(&victim)));
+    assert!(h.node(id(1)).swim().is_suspect(&victim));
     assert_eq!(h.node(victim).stats().suspicions_refuted, 1);
     assert!(h.node(victim).local_record().heartbeat > own.heartbeat);
     // The refutation lifts the suspicion, and a long lossy run confirms nobody.
-    assert!(h.run_until(Duration::from_secs(10), |h| h
-        .running()
-        .all(|x| !h.node(x).swim().is_some_and(|s| s.is_suspect(&victim)))));
+    assert!(h.run_until(Duration::from_secs(10), |h| h.running().all(|x| !h.node(x).swim().is_suspect(&victim))));
     h.run_for(Duration::from_secs(600));
     for x in h.running() {
         let s = h.node(x).stats();
@@ -124,9 +118,9 @@ fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
 
 #[test]
 fn restarted_node_replaces_its_old_record_everywhere() {
-    let mut h = federation_of(10, 5, swim_public);
+    let mut h = federation_of(10, 5, public);
     let r = id(6);
-    let generation = restart_replaces_the_old_record(&mut h, 6, swim_public);
+    let generation = restart_replaces_the_old_record(&mut h, 6, public);
     // The new process is probed as the new generation, and nobody confirms it dead.
     h.run_for(Duration::from_secs(60));
     assert_eq!(agreed_state(&h, r), Some((generation, Lifecycle::Serve)));
@@ -134,7 +128,7 @@ fn restarted_node_replaces_its_old_record_everywhere() {
 
 #[test]
 fn drained_node_is_seen_down_then_left_by_everyone() {
-    let mut h = federation_of(12, 1, swim_public);
+    let mut h = federation_of(12, 1, public);
     let d = id(7);
     h.input(d, Input::Load(Load { in_flight: 3, queued: 0 }));
     h.input(d, Input::DrainRequested);
@@ -153,10 +147,8 @@ fn drained_node_is_seen_down_then_left_by_everyone() {
 fn tombstones_are_deleted_everywhere_after_their_lifetime_and_stay_deleted() {
     let ttl = Duration::from_secs(120);
     let with_ttl = |n: u64| {
-        let mut c = swim_public(n);
-        if let tela_core::Dissemination::Swim(s) = &mut c.dissemination {
-            s.tombstone_ttl = ttl;
-        }
+        let mut c = public(n);
+        c.membership.tombstone_ttl = ttl;
         c
     };
     let mut h = federation_of(12, 4, with_ttl);
@@ -184,10 +176,8 @@ fn tombstones_are_deleted_everywhere_after_their_lifetime_and_stay_deleted() {
 fn a_node_held_down_for_the_tombstone_lifetime_is_forgotten_everywhere() {
     let ttl = Duration::from_secs(120);
     let mut h = federation_of(12, 4, |n| {
-        let mut c = swim_public(n);
-        if let tela_core::Dissemination::Swim(s) = &mut c.dissemination {
-            s.tombstone_ttl = ttl;
-        }
+        let mut c = public(n);
+        c.membership.tombstone_ttl = ttl;
         c
     });
     let d = id(9);
@@ -208,7 +198,7 @@ fn sides_that_confirmed_each_other_down_talk_again_after_the_heal() {
     // shorter than the transport's idle timeout. Peers are picked among the living, so it is
     // the exchanges with members held DOWN that bring the sides back together.
     for seed in [21u64, 22, 23] {
-        let mut h = federation_of(12, seed, swim_public);
+        let mut h = federation_of(12, seed, public);
         let (a, b): (Vec<NodeId>, Vec<NodeId>) = (1..=12).map(id).partition(|x| x.short() <= 6);
         for &x in &a {
             for &y in &b {
@@ -237,11 +227,11 @@ fn sides_that_confirmed_each_other_down_talk_again_after_the_heal() {
 fn anchored(n: u64, seed: u64) -> Harness {
     let mut h = Harness::new(seed);
     h.set_loss(0.05);
-    h.add(swim(gateway(1)));
-    h.add(swim(gateway(2)));
+    h.add(gateway(1));
+    h.add(gateway(2));
     h.connect(id(1), id(2));
     for i in 3..=n {
-        h.add(swim(outbound(i)));
+        h.add(outbound(i));
         h.connect(id(1), id(i));
         h.connect(id(2), id(i));
         serve(&mut h, i, &["m"]);
@@ -314,7 +304,7 @@ fn anchors_do_not_suspect_an_outbound_only_node_silent_for_less_than_a_lease() {
     // cut off from both for less than that, it is never suspected; for longer, it is.
     let member = id(3);
     let anchors = [id(1), id(2)];
-    let suspected = |h: &Harness| anchors.iter().any(|a| h.node(*a).swim().is_some_and(|s| s.is_suspect(&member)));
+    let suspected = |h: &Harness| anchors.iter().any(|a| h.node(*a).swim().is_suspect(&member));
     for seed in 1..=5u64 {
         let mut h = anchored(3, seed);
         h.set_loss(0.0);
@@ -339,7 +329,7 @@ fn anchors_do_not_suspect_an_outbound_only_node_silent_for_less_than_a_lease() {
 #[test]
 fn an_idle_federation_costs_only_its_probes() {
     const N: u64 = 20;
-    let mut h = federation_of(N, 8, swim_public);
+    let mut h = federation_of(N, 8, public);
     // Let the start-up news run out of transmissions.
     h.run_for(Duration::from_secs(30));
     let before: Vec<u64> = h.running().map(|x| h.node(x).stats().bytes_out).collect();
@@ -351,7 +341,7 @@ fn an_idle_federation_costs_only_its_probes() {
     eprintln!("idle Swim mode, {N} nodes at 5% loss: {mean:.0} B/s per node on average, {worst:.0} B/s at most");
     assert!(worst <= 2048.0, "idle cost {worst:.0} B/s exceeds the 2 KB/s target");
     for x in h.running() {
-        let (records, suspicions) = h.node(x).swim_queued().unwrap_or_default();
+        let (records, suspicions) = h.node(x).swim_queued();
         assert!(records + suspicions <= 2, "node {x} still has {records} records and {suspicions} suspicions queued");
     }
 }
@@ -364,7 +354,7 @@ fn nodes_configured_for_a_small_mtu_stay_under_it() {
     h.set_mtu(300);
     h.set_loss(0.05);
     for i in 1..=40 {
-        let mut c = swim_public(i);
+        let mut c = public(i);
         c.max_datagram = 300;
         h.add(c);
         if i > 1 {

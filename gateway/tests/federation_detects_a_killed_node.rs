@@ -1,6 +1,8 @@
-//! An anchor and three `tela node` processes run the SWIM membership (`--membership swim`) over
-//! real QUIC on loopback: they form the federation and agree on the registry, and a node killed
-//! without a word (SIGKILL) is taken out of routing by the failure detector and confirmed DOWN.
+//! An anchor and three `tela node` processes over real QUIC on loopback: a node killed without a
+//! word (SIGKILL, so it never drains) is taken out of routing by SWIM's failure detector and
+//! confirmed DOWN, while the survivors keep serving and their replicas agree on the news.
+//! (`killed_nodes_are_avoided_at_once` checks the gateway's own, faster reaction to a dropped
+//! tunnel; this checks the membership's verdict, which every member acts on.)
 
 mod procs;
 
@@ -8,20 +10,18 @@ use nix::sys::signal::Signal;
 use procs::*;
 use std::time::{Duration, Instant};
 use tela_core::Lifecycle;
-use tela_runtime::Membership;
 
 #[test]
-fn a_swim_federation_forms_and_detects_a_killed_node() {
-    // Above the sum of the steps' own limits (140 s), so that a slow step fails with its name.
-    run_test(Duration::from_secs(180), async {
+fn a_node_killed_without_a_word_is_suspected_then_confirmed_down() {
+    // Above the sum of the steps' own limits (110 s), so that a slow step fails with its name.
+    run_test(Duration::from_secs(150), async {
         let dir = tempfile::tempdir().expect("tempdir");
-        let anchor = anchor_with(Membership::Swim).await;
-        let (procs, nodes) = three_nodes(&anchor, dir.path(), &["--membership", "swim"]);
+        let anchor = anchor().await;
+        let (procs, nodes) = three_nodes(&anchor, dir.path(), &[]);
         until(&anchor, "all three nodes routable at the anchor", Duration::from_secs(30), |s| {
             nodes.iter().all(|(id, _)| routable(s, id))
         })
         .await;
-        replicas_agree(&anchor, &nodes, 4).await;
 
         // Kill node0 (procs: engine0, node0, engine1, node1, ...) without a chance to drain.
         let (victim, _) = &nodes[0];
