@@ -19,7 +19,7 @@ fn converge(n: u64, seed: u64, loss: f64) {
                 r.len() == n as usize && r.serving("llama").len() + r.serving("qwen").len() == n as usize - 1
             })
     });
-    assert!(ok, "{n} nodes in Swim mode at {loss} loss did not converge within {LONG:?} (seed {seed})");
+    assert!(ok, "{n} nodes at {loss} loss did not converge within {LONG:?} (seed {seed})");
     eprintln!("{n} nodes, seed {seed}: converged in {:?}", h.now() - started);
     // Nobody was taken for dead on the way.
     for x in h.running() {
@@ -223,7 +223,7 @@ fn sides_that_confirmed_each_other_down_talk_again_after_the_heal() {
     }
 }
 
-/// Two gateways anchoring `n - 2` outbound-only serving nodes, in Swim mode at 5% loss.
+/// Two gateways anchoring `n - 2` outbound-only serving nodes, at 5% loss.
 fn anchored(n: u64, seed: u64) -> Harness {
     let mut h = Harness::new(seed);
     h.set_loss(0.05);
@@ -338,7 +338,7 @@ fn an_idle_federation_costs_only_its_probes() {
     let after: Vec<u64> = h.running().map(|x| h.node(x).stats().bytes_out).collect();
     let worst = before.iter().zip(&after).map(|(b, a)| a - b).max().unwrap_or(0) as f64 / window.as_secs_f64();
     let mean = before.iter().zip(&after).map(|(b, a)| a - b).sum::<u64>() as f64 / N as f64 / window.as_secs_f64();
-    eprintln!("idle Swim mode, {N} nodes at 5% loss: {mean:.0} B/s per node on average, {worst:.0} B/s at most");
+    eprintln!("idle, {N} nodes at 5% loss: {mean:.0} B/s per node on average, {worst:.0} B/s at most");
     assert!(worst <= 2048.0, "idle cost {worst:.0} B/s exceeds the 2 KB/s target");
     for x in h.running() {
         let (records, suspicions) = h.node(x).swim_queued();
