@@ -29,10 +29,7 @@
 //!   next node that announced it;
 //! - sends a piggyback-only [`Message::Gossip`] to `gossip_fanout` random peers every
 //!   `gossip_interval`, but only while a queue holds something: an idle federation costs the
-//!   probes (and the anti-entropy below) alone. With no news, no suspect to tell and no fetch
-//!   to retry, the gossip timer is not even armed (no wake at all), and news that arrives
-//!   arms it at a random point of the next interval, as late on average as rounds that never
-//!   stopped would send it. Nobody but its anchors can send to an
+//!   probes (and the anti-entropy below) alone. Nobody but its anchors can send to an
 //!   outbound-only node, so it pulls: with nothing to spread it sends an empty gossip datagram
 //!   to `gossip_fanout` random peers each round, and a gossip datagram from an outbound-only
 //!   node is answered with the receiver's news, if it has any (a change is queued only until
@@ -686,9 +683,7 @@ impl Node {
                     self.notify_suspect(id);
                 }
                 self.retry_fetches();
-                if self.gossip_has_work() {
-                    self.timers.set(Timer::Gossip, self.now + interval);
-                }
+                self.timers.set(Timer::Gossip, self.now + interval);
             }
             Timer::AntiEntropy => {
                 let (interval, ttl) = (repair_interval(&self.config.reach, &st.settings), st.settings.tombstone_ttl);
@@ -697,28 +692,6 @@ impl Node {
             _ => return false,
         }
         true
-    }
-
-    /// Whether a gossip round would do anything: news queued, suspects to tell, fetches to
-    /// retry, or pulls to make (an outbound-only node). A federation with none of these sleeps
-    /// between probes: no round, no wake.
-    fn gossip_has_work(&self) -> bool {
-        let st = &self.membership;
-        st.records.len() + st.suspicions.len() > 0
-            || !st.suspects.is_empty()
-            || !st.fetching.is_empty()
-            || self.config.reach == Reachability::OutboundOnly
-    }
-
-    /// Arms the gossip timer if it sleeps and there is work for it, at a random point of the
-    /// next interval: news waits as long on average as it would in rounds that never stopped.
-    /// Called after every input.
-    pub(crate) fn wake_gossip(&mut self) {
-        if self.exited || self.timers.get(Timer::Gossip).is_some() || !self.gossip_has_work() {
-            return;
-        }
-        let jitter = self.jitter(self.membership.settings.gossip_interval);
-        self.timers.set(Timer::Gossip, self.now + jitter);
     }
 
     /// Turns the detector's actions into datagrams and queued updates and its events into
@@ -893,33 +866,6 @@ mod tests {
         }
         assert!(now > Time::from_secs(30), "only {now} passed");
         assert_eq!(node.local_record().heartbeat, 0);
-    }
-
-    #[test]
-    fn an_idle_federation_arms_no_gossip_timer_until_news_wakes_it() {
-        use crate::harness::Harness;
-        use crate::record::Model;
-        let id = NodeId::from_u64;
-        let mut h = Harness::new(1);
-        for n in 1..=5 {
-            let mut c = Config::new(id(n), 1);
-            c.reach = Reachability::Public(format!("10.0.0.{n}:7000"));
-            h.add(c);
-        }
-        for n in 2..=5 {
-            h.connect(id(1), id(n));
-        }
-        h.run_for(Duration::from_secs(30));
-        for n in 1..=5 {
-            let node = h.node(id(n));
-            assert_eq!(node.swim_queued(), (0, 0), "node {n} still has news");
-            assert_eq!(node.timers.get(Timer::Gossip), None, "node {n} wakes for gossip with nothing to send");
-        }
-        h.input(id(3), crate::node::Input::EngineReady { models: vec![Model::named("m")] });
-        let due = h.node(id(3)).timers.get(Timer::Gossip).expect("news arms the gossip timer");
-        assert!(due <= h.now() + MembershipSettings::default().gossip_interval);
-        let everyone = |h: &Harness| (1..=5).all(|n| h.node(id(n)).replica().serving("m").contains(&id(3)));
-        assert!(h.run_until(Duration::from_secs(3), everyone), "the news did not spread");
     }
 
     /// Counts the signature checks it is asked for, and answers as [`crate::auth::Strict`] does.

@@ -415,7 +415,6 @@ impl Node {
             Input::Load(load) => self.set_load(load),
         }
         self.drive_detector();
-        self.wake_gossip();
     }
 
     /// Merges a snapshot of the registry at time `now`: records kept across a restart, or a
@@ -433,7 +432,6 @@ impl Node {
             }
         }
         self.drive_detector();
-        self.wake_gossip();
     }
 
     /// The next thing to do; returns [`Output::Timeout`] once nothing else is pending.
