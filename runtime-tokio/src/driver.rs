@@ -630,12 +630,11 @@ async fn keep_joined(
             }
             Err(e) => {
                 failures += 1;
-                if !matches!(&e, JoinFailure::Connect(ce) if ce.is_permanent()) {
-                    permanent = 0; // refusals in a row only
-                }
+                let refused_for_good = matches!(&e, JoinFailure::Connect(ce) if ce.is_permanent());
+                // Refusals in a row only: any other failure starts the count again.
+                permanent = if refused_for_good { permanent + 1 } else { 0 };
                 match &e {
-                    JoinFailure::Connect(ce) if ce.is_permanent() => {
-                        permanent += 1;
+                    JoinFailure::Connect(ce) if refused_for_good => {
                         tracing::warn!(
                             "cannot join via {addr} (refusal {permanent} of {PERMANENT_REFUSALS_BEFORE_GIVING_UP}): {ce}"
                         );
