@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs headless Chromium (Debian's `chromium` package) for the gateway's dashboard test
-# (gateway/tests/dashboard_renders_in_chromium.rs) when it is not already installed.
+# (gateway/tests/processes/dashboard_renders_in_chromium.rs) when it is not already installed.
 # Needs root (apt-get), as CI runs. Prints, as its last line:
 #   export TELA_CHROMIUM=<path to chromium>
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the official OpenAI Python SDK and pytest into a virtual environment at
 # .ci/cache/sdk-venv (ignored by git), for the gateway's end-to-end tests
-# (gateway/tests/python/, run by `cargo test -p tela-gateway --test openai_sdk_end_to_end`).
+# (gateway/tests/python/, run by `cargo test -p tela-gateway --test processes openai_sdk_end_to_end::`).
 # Reuses the environment when it is already there.
 #
 # Prints, as its last line, the environment the tests read:

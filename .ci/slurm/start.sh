@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, configures and starts a single-node Slurm 22.05 cluster (Debian bookworm packages)
-# on this machine, without systemd, for Tela's Slurm tests (gateway/tests/slurm_*.rs):
+# on this machine, without systemd, for Tela's Slurm tests (gateway/tests/processes/slurm_*.rs):
 # slurmctld + slurmd with fake GPUs, and slurmrestd with JWT authentication. Everything listens
 # on loopback only. Idempotent: re-running it while the cluster is up only re-checks readiness
 # (and restarts the daemons if the generated configuration changed). Must run as root.

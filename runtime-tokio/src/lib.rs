@@ -79,7 +79,7 @@
 //! # Tests
 //!
 //! Unit tests live beside the code. The integration tests that drive real `tela node` and
-//! `tela anchor` processes live in `gateway/tests/` (the package that owns the `tela` binary,
+//! `tela anchor` processes live in `gateway/tests/processes/` (the package that owns the `tela` binary,
 //! so Cargo builds it before any test's clock starts): `federation_forms_*`,
 //! `admission_refusals_say_why`, `engine_death_turns_node_down`, `sigusr1_drains_open_streams`,
 //! `real_engine_llama_cpp`, `slurm_sbatch`, `slurm_rest` and the walltime test.

@@ -1,5 +1,5 @@
 """The federation under test comes from the environment, set by the Rust runner
-(gateway/tests/openai_sdk_end_to_end.rs) or by hand:
+(gateway/tests/processes/openai_sdk_end_to_end.rs) or by hand:
 
     TELA_BASE_URL         the gateway's OpenAI base URL, e.g. http://127.0.0.1:8080/v1
     TELA_API_KEY          a key the gateway accepts
@@ -19,7 +19,7 @@ import pytest
 def env(name):
     value = os.environ.get(name)
     if not value:
-        pytest.fail(f"{name} is not set; run this suite through `cargo test -p tela-gateway --test openai_sdk_end_to_end`")
+        pytest.fail(f"{name} is not set; run this suite through `cargo test -p tela-gateway --test processes openai_sdk_end_to_end::`")
     return value
 
 

@@ -1,0 +1,44 @@
+//! Tela's process tests: real `tela` gateways, nodes and anchors, engine simulators, the
+//! official OpenAI SDK, llama.cpp, Chromium and a local Slurm, all on loopback.
+//!
+//! They are one test binary (each file below is a module) so that the suite links once: one
+//! binary of this size per file cost minutes of linking and gigabytes of disk. Run one file's
+//! tests with `cargo test -p tela-gateway --test processes <module>::`, e.g.
+//! `cargo test -p tela-gateway --test processes slurm_sbatch::`.
+//!
+//! Helpers: `common` (an in-process gateway with `tela node` children and engine simulators),
+//! `procs` (`tela` child processes, an embedded anchor, bounded waits) and `slurm_env` (the local
+//! Slurm of `.ci/slurm/start.sh` and the scenario each batch backend runs against it).
+
+mod common;
+mod procs;
+mod slurm_env;
+
+mod admission_refusals_say_why;
+mod api_forwards_openai_requests;
+mod dashboard_renders_in_chromium;
+mod demo_runs_a_federation_and_stops_cleanly;
+mod draining_nodes_finish_streams_and_get_no_new_requests;
+mod engine_death_turns_node_down;
+mod engine_sim;
+mod errors_have_the_openai_shape;
+mod failures_before_the_first_byte_are_retried;
+mod federation_detects_a_killed_node;
+mod federation_forms_over_quic;
+mod federation_forms_over_tcp_fallback;
+mod gateway_memory_stays_small;
+mod gateways_survive_each_other;
+mod in_flight_counts_end_on_every_path;
+mod killed_nodes_are_avoided_at_once;
+mod openai_sdk_end_to_end;
+mod real_engine_llama_cpp;
+mod sigusr1_drains_open_streams;
+mod slurm_rest;
+mod slurm_sbatch;
+mod spinning_on_local_slurm;
+mod spinning_starts_nodes_on_demand;
+mod status_metrics_and_the_terminal_table;
+mod streams_are_not_buffered;
+mod streams_broken_after_the_first_byte_end_with_an_error_event;
+mod tls_terminates_https;
+mod walltime_from_slurm_drains_before_the_end;
