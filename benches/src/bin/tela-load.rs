@@ -311,6 +311,8 @@ async fn main() -> Result<()> {
                 MODEL,
                 "--ttft-ms",
                 "0",
+                "--prefill-us-per-token",
+                "0",
                 "--tokens-per-s",
                 "1000000",
             ]),

@@ -3,15 +3,21 @@
 use std::io::Write;
 use std::time::Duration;
 
-use super::{EngineSim, EngineSimConfig, EngineSimError, FailMode};
+use super::{
+    EngineSim, EngineSimConfig, EngineSimError, FailMode, DEFAULT_KV_CACHE_TOKENS, DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PREFILL_US_PER_TOKEN,
+};
 
 /// Run the engine simulator: an OpenAI-compatible server that generates placeholder text.
 ///
 /// It stands in for vLLM or llama.cpp in demos and tests. It is NOT a model: answers are
-/// words from a fixed list, chosen deterministically from the seed and the prompt, and paced
-/// by --ttft-ms and --tokens-per-s. The first line on stdout is the bound address
-/// (`listening on http://HOST:PORT`); logs go to stderr. Ctrl-C or SIGTERM stops it after
-/// in-flight responses finish.
+/// words from a fixed list, chosen deterministically from the seed and the prompt. It models
+/// an engine's prefix cache (blocks of 16 tokens of ~4 characters, least recently used evicted
+/// first): the first token comes --ttft-ms plus --prefill-us-per-token for each prompt token
+/// not already cached, the rest at --tokens-per-s. GET /metrics serves vLLM's Prometheus
+/// metrics (running and waiting requests, KV-cache usage, prefix-cache hits). The first line
+/// on stdout is the bound address (`listening on http://HOST:PORT`); logs go to stderr.
+/// Ctrl-C or SIGTERM stops it after in-flight responses finish.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineSimArgs {
     /// Address to listen on. Loopback by default: the simulator has no authentication.
@@ -26,9 +32,21 @@ pub struct EngineSimArgs {
     #[arg(long = "model", value_name = "NAME", default_values_t = [String::from("sim-model")])]
     pub models: Vec<String>,
 
-    /// Time to first token, in milliseconds.
+    /// Time to first token of a fully cached prompt, in milliseconds (uncached tokens add more).
     #[arg(long, default_value_t = 50, value_name = "MS")]
     pub ttft_ms: u64,
+
+    /// Prefill cost of each prompt token not in the prefix cache, in microseconds.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_US_PER_TOKEN, value_name = "US")]
+    pub prefill_us_per_token: u64,
+
+    /// Prefix-cache capacity in tokens (16-token blocks, LRU eviction); 0 turns caching off.
+    #[arg(long, default_value_t = DEFAULT_KV_CACHE_TOKENS, value_name = "TOKENS")]
+    pub kv_cache_tokens: u64,
+
+    /// Requests generating at once; more wait in a queue (vllm:num_requests_waiting). 0: no limit.
+    #[arg(long, default_value_t = DEFAULT_MAX_NUM_SEQS, value_name = "N")]
+    pub max_num_seqs: u32,
 
     /// Tokens generated per second after the first.
     #[arg(long, default_value_t = 100.0, value_name = "RATE")]
@@ -62,6 +80,9 @@ impl EngineSimArgs {
         EngineSimConfig {
             models: self.models.clone(),
             ttft: Duration::from_millis(self.ttft_ms),
+            prefill_per_token: Duration::from_micros(self.prefill_us_per_token),
+            kv_cache_tokens: self.kv_cache_tokens,
+            max_num_seqs: self.max_num_seqs,
             tokens_per_s: self.tokens_per_s,
             embedding_dim: self.embedding_dim,
             fail_rate: self.fail_rate,

@@ -100,9 +100,14 @@ fn capitalise(word: &str) -> String {
     }
 }
 
-/// The simulator's stand-in for a tokenizer: about four characters per token, at least one.
+/// Characters per simulated token: the approximation behind every token count of the simulator,
+/// usage and the prefix cache's blocks alike.
+pub(crate) const CHARS_PER_TOKEN: usize = 4;
+
+/// The simulator's stand-in for a tokenizer: [`CHARS_PER_TOKEN`] characters per token, at least
+/// one.
 pub(crate) fn count_tokens(text: &str) -> u32 {
-    let chars = text.chars().count().div_ceil(4).max(1);
+    let chars = text.chars().count().div_ceil(CHARS_PER_TOKEN).max(1);
     u32::try_from(chars).unwrap_or(u32::MAX)
 }
 

@@ -9,9 +9,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 use super::generate::{count_tokens, embed, generate};
+use super::metrics;
 use super::openai::{
     completion_body, embeddings_body, model_body, parse_chat, parse_completion, parse_embeddings, ApiError, Endpoint,
     ResponseMeta, Usage,
@@ -33,6 +33,7 @@ const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Health,
+    Metrics,
     Models,
     Model(String),
     Generation(Endpoint),
@@ -44,6 +45,7 @@ impl Route {
     fn of(path: &str) -> Option<(Route, &'static str)> {
         let route = match path {
             "/health" => (Route::Health, "GET"),
+            "/metrics" => (Route::Metrics, "GET"),
             "/v1/models" => (Route::Models, "GET"),
             "/v1/chat/completions" => (Route::Generation(Endpoint::Chat), "POST"),
             "/v1/completions" => (Route::Generation(Endpoint::Completion), "POST"),
@@ -91,6 +93,13 @@ async fn respond(
     let config = &shared.config;
     Ok(match route {
         Route::Health => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Route::Metrics => {
+            let text = metrics::render(&shared.scheduler.snapshot());
+            let body = Full::new(Bytes::from(text)).map_err(|never| match never {}).boxed();
+            let mut response = Response::new(body);
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+            response
+        }
         Route::Models => {
             let data: Vec<Value> = config.models.iter().map(|id| model_body(id, shared.created)).collect();
             json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
@@ -171,7 +180,19 @@ async fn generation(
     }
 
     let generation = generate(config.seed, &request.prompt, request.max_tokens);
-    let usage = Usage { prompt_tokens: count_tokens(&request.prompt), completion_tokens: generation.token_count() };
+    // What follows the prompt in the sequence the engine caches: a chat's next turn resends the
+    // answer as `assistant: <answer>` (see openai::parse_chat), a completion's continues it.
+    let answer = match endpoint {
+        Endpoint::Chat => format!("assistant: {}", generation.text()),
+        Endpoint::Completion => generation.text(),
+    };
+    let model = shared.model_index(&request.model);
+    let admitted = shared.scheduler.admit(model, &request.prompt, &answer, generation.token_count()).await;
+    let usage = Usage {
+        prompt_tokens: admitted.prefill.prompt_tokens,
+        completion_tokens: generation.token_count(),
+        cached_tokens: admitted.prefill.cached_tokens,
+    };
     let meta = ResponseMeta {
         id: shared.request_id(match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -180,7 +201,7 @@ async fn generation(
         created: unix_now(),
         model: request.model,
     };
-    let first_token_at = Instant::now() + config.ttft;
+    let first_token_at = admitted.first_token_at;
     let interval = config.token_interval();
 
     if request.stream {
@@ -196,6 +217,7 @@ async fn generation(
                 cut: fault == Some(FailMode::MidStream),
             },
             in_flight,
+            admitted.running,
         );
         let mut response = Response::new(body.boxed());
         let headers = response.headers_mut();
@@ -209,6 +231,7 @@ async fn generation(
     let steps = u32::try_from(tokens.saturating_sub(1)).unwrap_or(u32::MAX);
     tokio::time::sleep_until(first_token_at + interval.saturating_mul(steps)).await;
     Counters::bump(&shared.counters.tokens_generated, tokens as u64);
+    admitted.running.generated(tokens as u64);
     Counters::bump(&shared.counters.completed, 1);
     Ok(json_response(StatusCode::OK, &completion_body(endpoint, &meta, &generation, usage)))
 }
@@ -258,6 +281,7 @@ mod tests {
     #[test]
     fn routes_and_their_methods() {
         assert_eq!(Route::of("/health"), Some((Route::Health, "GET")));
+        assert_eq!(Route::of("/metrics"), Some((Route::Metrics, "GET")));
         assert_eq!(Route::of("/v1/chat/completions"), Some((Route::Generation(Endpoint::Chat), "POST")));
         assert_eq!(Route::of("/v1/models/org/name"), Some((Route::Model("org/name".into()), "GET")));
         assert_eq!(Route::of("/v1/models/"), None);

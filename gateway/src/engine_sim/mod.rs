@@ -2,13 +2,48 @@
 //! stands in for vLLM or llama.cpp in demos and tests.
 //!
 //! **It is not a model.** It answers with deterministic placeholder text — words drawn from a
-//! small fixed list by a RNG seeded from `(seed, prompt)` — paced like a real engine: the first
-//! token after [`EngineSimConfig::ttft`], then one token every `1 / tokens_per_s`. The same seed
-//! and prompt always give the same text, so tests can compare runs, and a stream's content
-//! always equals the non-stream answer to the same request.
+//! small fixed list by a RNG seeded from `(seed, prompt)` — paced like a real engine with a
+//! prefix cache (below). The same seed and prompt always give the same text, so tests can
+//! compare runs, and a stream's content always equals the non-stream answer to the same request.
+//!
+//! # The engine model
+//! - **Tokens.** There is no tokenizer: a token is 4 characters of the prompt text (at least one
+//!   token per prompt), for `usage` and for the cache alike. A chat request's prompt is its
+//!   messages in order, each flattened to `role: content\n`, so a conversation's next turn
+//!   starts with exactly the text of the turn before.
+//! - **Prefix cache.** Like vLLM's automatic prefix caching: the sequence is cut into blocks of
+//!   [`BLOCK_TOKENS`] tokens (64 characters), each keyed by a hash chained over the model and
+//!   every block before it, so a block is a hit only if the whole text before it matches; only
+//!   full blocks are cached and the block holding the prompt's last token is always computed.
+//!   When a request starts, its prompt is looked up and the whole sequence — prompt, then the
+//!   answer as a next turn resends it (`assistant: <answer>` for chat) — is cached, as an engine
+//!   keeps the KV blocks of what it computed. At most [`EngineSimConfig::kv_cache_tokens`]
+//!   tokens are held, least recently used blocks evicted first (a chain's tail before its
+//!   head); 0 turns caching off. `usage.prompt_tokens_details.cached_tokens` says how many
+//!   prompt tokens were found.
+//! - **Time to first token** = [`EngineSimConfig::ttft`] + uncached prompt tokens ×
+//!   [`EngineSimConfig::prefill_per_token`], counted from when the request starts running; then
+//!   one token every `1 / tokens_per_s`. With the defaults (50 ms, 200 µs per token), a
+//!   2,000-token prompt takes 0.45 s to its first token cold and about 50 ms once cached.
+//!   Each request's prefill is costed alone: concurrent prefills do not slow each other.
+//! - **Slots.** At most [`EngineSimConfig::max_num_seqs`] generation requests run at once;
+//!   later ones wait for a slot (their response headers come when they start running).
+//!   Running requests hold KV blocks for their prompt and answer; their share of the cache's
+//!   capacity is the reported KV-cache usage.
+//!
+//! The cache and counters are shared by all connections of one engine, behind one mutex held
+//! for a lookup and an insert per request.
 //!
 //! # Endpoints
 //! - `GET /health` — `200 {"status":"ok"}` once ready, `503` while the simulated weights load.
+//! - `GET /metrics` — the Prometheus text format with vLLM's metric names, each series labelled
+//!   `model_name="<model>",engine="0"`: `vllm:num_requests_running`,
+//!   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (and the older
+//!   `vllm:gpu_cache_usage_perc`), `vllm:prefix_cache_queries_total` and
+//!   `vllm:prefix_cache_hits_total` in tokens (and the older `vllm:gpu_prefix_cache_*_total`
+//!   and `vllm:gpu_prefix_cache_hit_rate`), `vllm:prompt_tokens_total`,
+//!   `vllm:generation_tokens_total`, the histogram `vllm:time_to_first_token_seconds` and
+//!   `vllm:cache_config_info`.
 //! - `GET /v1/models`, `GET /v1/models/{id}` — the served models, `owned_by: "tela-engine-sim"`.
 //! - `POST /v1/chat/completions`, `POST /v1/completions` — `stream: true|false`,
 //!   `stream_options.include_usage`, `max_tokens` / `max_completion_tokens` (default 16, at most
@@ -38,7 +73,10 @@
 mod cli;
 mod generate;
 mod http;
+mod kv_cache;
+mod metrics;
 mod openai;
+mod scheduler;
 pub mod sse;
 mod stream;
 
@@ -59,6 +97,24 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 pub use cli::EngineSimArgs;
+pub use kv_cache::BLOCK_TOKENS;
+
+use scheduler::{Scheduler, SchedulerSettings};
+
+/// Default prefix-cache capacity, in tokens.
+pub const DEFAULT_KV_CACHE_TOKENS: u64 = 65_536;
+
+/// Default prefill cost of one uncached prompt token, in microseconds.
+pub const DEFAULT_PREFILL_US_PER_TOKEN: u64 = 200;
+
+/// Default number of requests generating at once (vLLM's `--max-num-seqs` default).
+pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
+
+/// The largest prefix cache the simulator accepts, in tokens.
+const MAX_KV_CACHE_TOKENS: u64 = 100_000_000;
+
+/// The largest prefill cost per token the simulator accepts.
+const MAX_PREFILL_PER_TOKEN: Duration = Duration::from_secs(1);
 
 /// What `owned_by` says in `/v1/models`, so nobody mistakes the simulator for a real engine.
 pub const OWNED_BY: &str = "tela-engine-sim";
@@ -96,8 +152,16 @@ impl std::fmt::Display for FailMode {
 pub struct EngineSimConfig {
     /// Model ids served; requests naming any other get `404 model_not_found`. At least one.
     pub models: Vec<String>,
-    /// Time to first token.
+    /// Time to first token of a prompt found entirely in the prefix cache; uncached prompt
+    /// tokens add [`EngineSimConfig::prefill_per_token`] each.
     pub ttft: Duration,
+    /// Prefix-cache capacity in tokens (whole blocks of [`BLOCK_TOKENS`]); 0 turns prefix
+    /// caching off, so every prompt token is prefilled.
+    pub kv_cache_tokens: u64,
+    /// Prefill time of each prompt token not found in the prefix cache.
+    pub prefill_per_token: Duration,
+    /// Requests generating at once; more wait for a slot. 0 means no limit.
+    pub max_num_seqs: u32,
     /// Tokens per second after the first; must be at least 0.001.
     pub tokens_per_s: f64,
     /// Length of embedding vectors when the request gives no `dimensions`.
@@ -121,6 +185,9 @@ impl Default for EngineSimConfig {
         Self {
             models: vec!["sim-model".to_owned()],
             ttft: Duration::from_millis(50),
+            kv_cache_tokens: DEFAULT_KV_CACHE_TOKENS,
+            prefill_per_token: Duration::from_micros(DEFAULT_PREFILL_US_PER_TOKEN),
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
             tokens_per_s: 100.0,
             embedding_dim: 64,
             fail_rate: 0.0,
@@ -159,6 +226,18 @@ impl EngineSimConfig {
         }
         if self.max_tokens_limit == 0 || self.max_tokens_limit > 1_000_000 {
             return invalid(format!("max tokens limit must be between 1 and 1000000, not {}", self.max_tokens_limit));
+        }
+        if self.kv_cache_tokens > MAX_KV_CACHE_TOKENS {
+            return invalid(format!(
+                "KV cache capacity must be at most {MAX_KV_CACHE_TOKENS} tokens, not {}",
+                self.kv_cache_tokens
+            ));
+        }
+        if self.prefill_per_token > MAX_PREFILL_PER_TOKEN {
+            return invalid(format!(
+                "prefill cost per token must be at most 1 s (1000000 µs), not {:?}",
+                self.prefill_per_token
+            ));
         }
         for (name, delay) in [
             ("time to first token", self.ttft),
@@ -217,6 +296,14 @@ pub struct EngineSimStats {
     pub faults_injected: u64,
     /// Tokens sent so far, streamed or not.
     pub tokens_generated: u64,
+    /// Generation requests running now (holding one of the `max_num_seqs` slots).
+    pub running: u64,
+    /// Generation requests waiting for a slot.
+    pub waiting: u64,
+    /// Prompt tokens of every generation request that ran.
+    pub prompt_tokens: u64,
+    /// Of those, the tokens found in the prefix cache.
+    pub cached_prompt_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -243,6 +330,8 @@ struct Shared {
     /// Set when `serve` starts; `/health` says ready once this instant has passed.
     ready_at: OnceLock<Instant>,
     faults: Mutex<ChaCha8Rng>,
+    /// Slots, prefix cache and the counters of `/metrics`.
+    scheduler: Arc<Scheduler>,
     next_request_id: AtomicU64,
     /// Unix seconds at creation: the `created` of every model.
     created: u64,
@@ -268,6 +357,11 @@ impl Shared {
             Counters::bump(&self.counters.faults_injected, 1);
             self.config.fail_mode
         })
+    }
+
+    /// The index of `model` in the served models (0 if it is not served).
+    fn model_index(&self, model: &str) -> usize {
+        self.config.models.iter().position(|m| m == model).unwrap_or(0)
     }
 
     fn request_id(&self, prefix: &str) -> String {
@@ -310,12 +404,22 @@ impl EngineSim {
     pub fn new(config: EngineSimConfig) -> Result<Self, EngineSimError> {
         config.validate()?;
         let faults = ChaCha8Rng::seed_from_u64(config.seed ^ 0x6661_756c_7473); // "faults"
+        let scheduler = Scheduler::new(
+            &config.models,
+            SchedulerSettings {
+                ttft_base: config.ttft,
+                prefill_per_token: config.prefill_per_token,
+                kv_cache_tokens: config.kv_cache_tokens,
+                max_num_seqs: config.max_num_seqs,
+            },
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
                 counters: Counters::default(),
                 ready_at: OnceLock::new(),
                 faults: Mutex::new(faults),
+                scheduler: Arc::new(scheduler),
                 next_request_id: AtomicU64::new(0),
                 created: unix_now(),
             }),
@@ -331,6 +435,8 @@ impl EngineSim {
     pub fn stats(&self) -> EngineSimStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let models = self.shared.scheduler.snapshot().models;
+        let sum = |field: fn(&scheduler::ModelSnapshot) -> u64| models.iter().map(|(_, m)| field(m)).sum();
         EngineSimStats {
             requests: get(&c.requests),
             in_flight: get(&c.in_flight),
@@ -338,6 +444,10 @@ impl EngineSim {
             client_disconnects: get(&c.client_disconnects),
             faults_injected: get(&c.faults_injected),
             tokens_generated: get(&c.tokens_generated),
+            running: sum(|m| m.running),
+            waiting: sum(|m| m.waiting),
+            prompt_tokens: sum(|m| m.prompt_tokens),
+            cached_prompt_tokens: sum(|m| m.hit_tokens),
         }
     }
 

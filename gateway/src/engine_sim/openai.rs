@@ -336,6 +336,8 @@ pub(crate) fn parse_embeddings(body: Value, config: &EngineSimConfig) -> Result<
 pub(crate) struct Usage {
     pub(crate) prompt_tokens: u32,
     pub(crate) completion_tokens: u32,
+    /// Prompt tokens found in the prefix cache (`prompt_tokens_details.cached_tokens`).
+    pub(crate) cached_tokens: u32,
 }
 
 impl Usage {
@@ -344,6 +346,7 @@ impl Usage {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens.saturating_add(self.completion_tokens),
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 }

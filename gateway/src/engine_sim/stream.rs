@@ -17,6 +17,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::generate::Generation;
 use super::openai::{chunk_body, ChunkKind, Endpoint, ResponseMeta, Usage};
+use super::scheduler::Running;
 use super::{sse, Counters, InFlight, Shared};
 
 /// The body error that makes hyper cut the connection mid-stream (`--fail-mode mid-stream`).
@@ -39,6 +40,8 @@ enum Step {
 pub(crate) struct TokenStream {
     shared: Arc<Shared>,
     _in_flight: InFlight,
+    /// Holds the request's slot and counts it as running until the stream ends or is dropped.
+    running: Running,
     endpoint: Endpoint,
     meta: ResponseMeta,
     generation: Generation,
@@ -73,11 +76,12 @@ pub(crate) struct StreamPlan {
 const CHUNKS_BEFORE_CUT: usize = 2;
 
 impl TokenStream {
-    pub(crate) fn new(plan: StreamPlan, in_flight: InFlight) -> Self {
+    pub(crate) fn new(plan: StreamPlan, in_flight: InFlight, running: Running) -> Self {
         let tokens = plan.generation.tokens.len();
         Self {
             shared: Arc::clone(&in_flight.0),
             _in_flight: in_flight,
+            running,
             endpoint: plan.endpoint,
             cut_before_token: plan.cut.then(|| CHUNKS_BEFORE_CUT.min(tokens.saturating_sub(1))),
             cut_flushed: false,
@@ -161,6 +165,7 @@ impl Body for TokenStream {
                 return Poll::Ready(Some(Err(StreamCut)));
             }
             Counters::bump(&this.shared.counters.tokens_generated, 1);
+            this.running.generated(1);
         }
         if step == Step::Done {
             Counters::bump(&this.shared.counters.completed, 1);

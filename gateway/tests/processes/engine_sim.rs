@@ -769,6 +769,10 @@ async fn invalid_settings_are_refused_before_listening() {
     assert!(refused(EngineSimConfig { fail_rate: 1.5, ..fast(&["m"]) }).await.contains("fail rate"));
     assert!(refused(EngineSimConfig { tokens_per_s: 0.0, ..fast(&["m"]) }).await.contains("tokens per second"));
     assert!(refused(fast(&["m", "m"])).await.contains("twice"));
+    let huge_cache = EngineSimConfig { kv_cache_tokens: 1 << 40, ..fast(&["m"]) };
+    assert!(refused(huge_cache).await.contains("KV cache"));
+    let slow_prefill = EngineSimConfig { prefill_per_token: Duration::from_secs(2), ..fast(&["m"]) };
+    assert!(refused(slow_prefill).await.contains("prefill"));
 }
 
 #[cfg(unix)]
@@ -814,4 +818,250 @@ async fn the_binary_prints_its_address_and_stops_on_sigterm() {
         panic!("tela did not stop on SIGTERM");
     })
     .await;
+}
+
+/// One sample of the Prometheus text format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample {
+    fn label(&self, name: &str) -> Option<&str> {
+        self.labels.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+fn is_metric_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// `name="value",…` with the format's escapes; panics on malformed input.
+fn parse_labels(mut text: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    while !text.is_empty() {
+        let (name, rest) = text.split_once("=\"").unwrap_or_else(|| panic!("label without =\": {text:?}"));
+        assert!(is_metric_name(name) && !name.contains(':'), "bad label name {name:?}");
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    other => panic!("bad escape {other:?} in {rest:?}"),
+                },
+                Some((at, '"')) => break at,
+                Some((_, c)) => value.push(c),
+                None => panic!("unterminated label value in {rest:?}"),
+            }
+        };
+        labels.push((name.to_owned(), value));
+        text = &rest[end + 1..];
+        text = text.strip_prefix(',').unwrap_or(text);
+    }
+    labels
+}
+
+/// Parses the Prometheus text format (version 0.0.4) strictly: `# HELP` and `# TYPE` lines,
+/// samples `name{labels} value`, every sample after the `# TYPE` of its family (a histogram's
+/// `_bucket`, `_count` and `_sum` belong to it). Panics on anything else.
+fn parse_prometheus(text: &str) -> Vec<Sample> {
+    let mut family: Option<(String, String)> = None;
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut parts = comment.splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("TYPE"), Some(name), Some(kind)) => {
+                    assert!(is_metric_name(name), "bad metric name in {line:?}");
+                    assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind), "{line:?}");
+                    family = Some((name.to_owned(), kind.to_owned()));
+                }
+                (Some("HELP"), Some(name), _) => assert!(is_metric_name(name), "bad metric name in {line:?}"),
+                _ => {}
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample without a value: {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("bad value in {line:?}: {e}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => {
+                (name, parse_labels(labels.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels: {line:?}"))))
+            }
+            None => (series, Vec::new()),
+        };
+        assert!(is_metric_name(name), "bad metric name in {line:?}");
+        let (family, kind) = family.as_ref().unwrap_or_else(|| panic!("sample before any # TYPE: {line:?}"));
+        let belongs = name == family
+            || (kind == "histogram"
+                && ["_bucket", "_count", "_sum"].iter().any(|s| name.strip_suffix(s) == Some(family.as_str())));
+        assert!(belongs, "{line:?} is outside its family {family}");
+        samples.push(Sample { name: name.to_owned(), labels, value });
+    }
+    samples
+}
+
+/// `GET /metrics`, parsed; asserts the Prometheus content type.
+async fn metrics(addr: SocketAddr) -> Vec<Sample> {
+    let mut sender = connect(addr).await;
+    let response = send_on(&mut sender, addr, "GET", "/metrics", "").await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    let bytes = response.into_body().collect().await.expect("whole body").to_bytes();
+    parse_prometheus(std::str::from_utf8(&bytes).expect("UTF-8 metrics"))
+}
+
+/// The value of `name` (with `le` for a histogram bucket) for `model`.
+fn metric(samples: &[Sample], name: &str, model: &str, le: Option<&str>) -> f64 {
+    samples
+        .iter()
+        .find(|s| s.name == name && s.label("model_name") == Some(model) && s.label("le") == le)
+        .unwrap_or_else(|| panic!("no {name} for model {model} (le {le:?}) in {samples:?}"))
+        .value
+}
+
+fn usage_tokens(body: &Value) -> (u64, u64) {
+    let usage = &body["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("no prompt_tokens: {body}"));
+    let cached =
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("no cached_tokens: {body}"));
+    (prompt, cached)
+}
+
+#[tokio::test]
+async fn a_conversations_next_turn_hits_the_prefix_cache() {
+    within(async {
+        let engine = start(EngineSimConfig {
+            ttft: Duration::from_millis(1),
+            prefill_per_token: Duration::from_micros(200),
+            kv_cache_tokens: 65_536,
+            ..fast(&["m", "other"])
+        })
+        .await;
+        let addr = engine.local_addr();
+        // About 2,000 tokens of system prompt: 0.4 s of prefill when uncached.
+        let system = "You are the assistant of a federation of GPU nodes. ".repeat(160);
+        let turn = |messages: Value| json!({"model": "m", "messages": messages, "max_tokens": 8});
+
+        let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "What is a lattice?"}]);
+        let (status, one) = post(addr, "/v1/chat/completions", turn(first.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{one}");
+        let (p1, cached1) = usage_tokens(&one);
+        assert!(p1 > 2_000, "{one}");
+        assert_eq!(cached1, 0, "a cold engine has nothing cached");
+
+        // The next turn resends the conversation so far: all of it but the last block is cached.
+        let mut second = first.as_array().cloned().unwrap_or_default();
+        second.push(json!({"role": "assistant", "content": one["choices"][0]["message"]["content"]}));
+        second.push(json!({"role": "user", "content": "And a join?"}));
+        let (_, two) = post(addr, "/v1/chat/completions", turn(Value::Array(second.clone()))).await;
+        let (p2, cached2) = usage_tokens(&two);
+        assert!(cached2 >= p1 - 16 && cached2 < p2, "turn 2: {cached2} of {p2} cached after a {p1}-token turn 1");
+
+        // Another conversation diverges in its first block: nothing is cached. Nor does another
+        // model share the first one's blocks.
+        let other = json!([{"role": "system", "content": system.replace("You are", "Thou art")},
+                            {"role": "user", "content": "What is a lattice?"}]);
+        let (_, three) = post(addr, "/v1/chat/completions", turn(other)).await;
+        let (p3, cached3) = usage_tokens(&three);
+        assert_eq!(cached3, 0);
+        let (_, four) =
+            post(addr, "/v1/chat/completions", json!({"model": "other", "messages": second, "max_tokens": 8})).await;
+        let (p4, cached4) = usage_tokens(&four);
+        assert_eq!(cached4, 0, "models do not share blocks");
+
+        // The engine's own accounting, as a gateway polling it would read it.
+        let samples = metrics(addr).await;
+        assert_eq!(metric(&samples, "vllm:prefix_cache_hits_total", "m", None), cached2 as f64);
+        assert_eq!(metric(&samples, "vllm:prefix_cache_queries_total", "m", None), (p1 + p2 + p3) as f64);
+        assert_eq!(metric(&samples, "vllm:prompt_tokens_total", "m", None), (p1 + p2 + p3) as f64);
+        assert_eq!(metric(&samples, "vllm:prefix_cache_queries_total", "other", None), p4 as f64);
+        assert_eq!(metric(&samples, "vllm:prefix_cache_hits_total", "other", None), 0.0);
+        // Simulated times to first token: the cached turn is under 40 ms, both cold prompts
+        // over 250 ms (about 0.4 s each).
+        let ttft = "vllm:time_to_first_token_seconds_bucket";
+        assert_eq!(metric(&samples, ttft, "m", Some("0.04")), 1.0);
+        assert_eq!(metric(&samples, ttft, "m", Some("0.25")), 1.0);
+        assert_eq!(metric(&samples, ttft, "m", Some("+Inf")), 3.0);
+        let stats = engine.stats();
+        assert_eq!(stats.cached_prompt_tokens, cached2);
+        assert_eq!(stats.prompt_tokens, p1 + p2 + p3 + p4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn metrics_use_vllm_names_and_count_waiting_requests() {
+    within(async {
+        let engine = start(EngineSimConfig { max_num_seqs: 1, tokens_per_s: 20.0, ..fast(&["m", "other"]) }).await;
+        let addr = engine.local_addr();
+
+        let samples = metrics(addr).await;
+        for name in [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
+            "vllm:gpu_prefix_cache_hit_rate",
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:time_to_first_token_seconds_count",
+        ] {
+            for model in ["m", "other"] {
+                assert_eq!(metric(&samples, name, model, None), 0.0, "{name} of an idle engine");
+            }
+        }
+        let info = samples.iter().find(|s| s.name == "vllm:cache_config_info").expect("cache_config_info");
+        assert_eq!(info.label("block_size"), Some("16"));
+        assert_eq!(info.label("num_gpu_blocks"), Some("4096"), "65,536 tokens in blocks of 16");
+
+        // A long stream holds the only slot; the next request waits for it.
+        let mut sender = connect(addr).await;
+        let long = chat("m", "a long story", json!({"max_tokens": 1000, "stream": true})).to_string();
+        let response = send_on(&mut sender, addr, "POST", "/v1/chat/completions", &long).await.expect("headers");
+        let mut body = response.into_body();
+        body.frame().await.expect("a first chunk").expect("no error");
+        let waiter =
+            tokio::spawn(async move { post(addr, "/v1/chat/completions", chat("m", "short", json!({}))).await });
+        wait_for(&engine, "the second request waiting", |s| s.waiting == 1).await;
+        let samples = metrics(addr).await;
+        assert_eq!(metric(&samples, "vllm:num_requests_running", "m", None), 1.0);
+        assert_eq!(metric(&samples, "vllm:num_requests_waiting", "m", None), 1.0);
+        assert_eq!(metric(&samples, "vllm:num_requests_waiting", "other", None), 0.0);
+        let usage = metric(&samples, "vllm:kv_cache_usage_perc", "m", None);
+        assert!(usage > 0.0 && usage <= 1.0, "{usage}");
+
+        // The stream's client leaves: its slot goes to the waiting request.
+        drop(body);
+        drop(sender);
+        let (status, answer) = waiter.await.expect("waiting request's task");
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        wait_for(&engine, "both requests ending", |s| s.running == 0 && s.waiting == 0).await;
+        let samples = metrics(addr).await;
+        assert_eq!(metric(&samples, "vllm:num_requests_running", "m", None), 0.0);
+        assert_eq!(metric(&samples, "vllm:kv_cache_usage_perc", "m", None), 0.0);
+        assert!(metric(&samples, "vllm:generation_tokens_total", "m", None) >= 2.0);
+    })
+    .await;
+}
+
+#[test]
+fn help_lists_the_engine_model_flags() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tela"))
+        .args(["engine-sim", "--help"])
+        .output()
+        .expect("run tela engine-sim --help");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in ["--kv-cache-tokens", "--prefill-us-per-token", "--max-num-seqs", "--ttft-ms", "--tokens-per-s"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
 }
