@@ -2,13 +2,80 @@
 //!
 //! Candidates are the replica's routable hosts of the model (alive, SERVE, hosting it) that the
 //! caller can reach (a gateway: those with a live tunnel to it) and has not already tried for
-//! this request. Among them, power-of-two-choices: draw two at random and keep the one with the
-//! lower load score, `(in_flight + 1) × tier weight`, so faster GPUs take proportionally more.
-//! Two random draws instead of a scan keep the decision O(1) at any federation size.
+//! this request. Among them a [`RoutingPolicy`] picks one:
+//!
+//! - [`RoutingPolicy::Prefix`] (the default): **prefix affinity with bounded load**. The
+//!   request's leading content is hashed into a [`Prefix`]; the candidates are ranked by
+//!   rendezvous (highest-random-weight) hashing of its key, and the request goes to the
+//!   highest-ranked candidate that is not over the load bound. A request without content falls
+//!   back to least-loaded.
+//! - [`RoutingPolicy::LeastLoaded`]: the candidate with the lowest load score,
+//!   `(in_flight + 1) × tier weight`; ties go to the lowest [`NodeId`].
+//! - [`RoutingPolicy::P2c`]: power-of-two-choices ([`route`]): draw two candidates at random
+//!   and keep the one with the lower load score. Two draws instead of a scan keep it `O(1)` at
+//!   any federation size, but it is blind to what an engine holds in its KV cache.
+//!
+//! Tier weights (in tenths: 10 for tier 0 — no GPU, e.g. a simulator — and tier 1, 15 for tier
+//! 2, 20 for tier 3, 25 otherwise) make faster GPUs take proportionally more.
+//!
+//! # Prefix affinity, precisely
+//!
+//! Multi-turn chat resends the same growing conversation every turn; an engine that still holds
+//! its beginning in the KV cache answers the next turn's first token much sooner. So every turn
+//! of a conversation should land on the same node, whichever gateway receives it, without any
+//! state shared between gateways. The rule is a pure function of the request, the candidates
+//! and their loads:
+//!
+//! 1. **The head.** A chat request's head is its messages in order *up to and including the
+//!    first `user` message*: the system prompt (and any other leading messages) plus the first
+//!    user turn. Every later turn of the conversation resends exactly these messages, and two
+//!    conversations differ in them unless they really start alike (then they share a cached
+//!    prefix too). Later messages are not hashed: they change every turn, and cannot change
+//!    the decision. A completions request's head is the first block of its prompt: a prompt
+//!    has no turns to cut at, and its first block is what successive, growing prompts of one
+//!    session share (a prompt shorter than a block is keyed whole, so a session may move once,
+//!    when its prompt first fills a block).
+//! 2. **Blocks.** The head is serialised — a kind tag, then per message its role (length byte,
+//!    at most [`ROLE_BYTES`]) and its content (4-byte little-endian length, then at most
+//!    [`MESSAGE_BYTES`] of it); for a prompt the tag and its text as it is (the pieces of a
+//!    list joined by a zero byte, token ids as little-endian `u32`) — and cut into blocks of
+//!    [`BLOCK_BYTES`], the last one possibly shorter. Each block's hash is SHA-256 over the
+//!    previous block's hash (32 zero bytes before the first) and the block's bytes, so a block's
+//!    hash stands for everything before it. At most [`MAX_BLOCKS`] blocks are hashed: a huge
+//!    message costs the same bounded work as a short one (the per-message cap keeps a huge
+//!    system prompt from crowding the first user turn out of the bound).
+//! 3. **The key** ([`Prefix::key`]) is the first 8 bytes (little-endian) of the last block's
+//!    hash: the whole bounded head. No content (no messages, or only empty ones, no prompt)
+//!    means no key.
+//! 4. **Ranking.** Each candidate's weight is a fixed 64-bit mix (SplitMix64's finaliser) of the
+//!    key and the node's id; higher weight ranks first. Only a node's own weight depends on it,
+//!    so adding or removing a node moves only the keys that rank it first (while loads are
+//!    within the bound below).
+//! 5. **Bounded load** (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam
+//!    2018). With `T` requests in flight on the candidates and capacities `c` (the inverse of the
+//!    tier weight: 60, 40, 30, 24), a candidate may take the request if its load with the
+//!    request stays within `⌈(1 + ε) · (T + 1) · c / Σc⌉`: (1 + ε) times its fair share of
+//!    everything in flight, this request included (with equal tiers, `(1 + ε)` times the mean).
+//!    The request goes to the highest-ranked candidate within the bound, so a hot prefix spills
+//!    to its next-ranked node, the same one on every gateway, instead of melting one node.
+//!    ε = [`EPSILON_PERCENT`]% (0.25, as HAProxy's `hash-balance-factor 125`): small enough to
+//!    keep the busiest node within about a quarter above its share, large enough that balanced
+//!    traffic keeps its affinity. The bound always leaves at least one candidate: their bounds sum to more
+//!    than `T`.
+//!
+//! Everything is integer arithmetic over fixed hashes — no RNG, no float, no per-process hash
+//! seed — so two gateways given the same request, the same candidates and the same loads pick
+//! the same node. Loads are each gateway's own in-flight counts; two gateways agree exactly
+//! while neither pushes the first choice over its bound. Unlike p2c, prefix and least-loaded
+//! look at every host of the model (`O(n)`; a hash mix and a comparison per host).
+
+use core::fmt;
+use core::str::FromStr;
 
 use crate::id::NodeId;
 use crate::replica::Replica;
 use rand::Rng;
+use sha2::{Digest, Sha256};
 
 /// Why no node was chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +98,272 @@ pub enum RouteError {
     },
 }
 
+/// Which rule picks among a model's candidates (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RoutingPolicy {
+    /// Rendezvous hashing of the request's leading content, with bounded load.
+    #[default]
+    Prefix,
+    /// The lowest load score.
+    LeastLoaded,
+    /// Power-of-two-choices on the load score.
+    P2c,
+}
+
+impl RoutingPolicy {
+    /// Every policy, in the order of the `--routing` help.
+    pub const ALL: [RoutingPolicy; 3] = [RoutingPolicy::Prefix, RoutingPolicy::LeastLoaded, RoutingPolicy::P2c];
+
+    /// The name `--routing` takes and `/status` shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoutingPolicy::Prefix => "prefix",
+            RoutingPolicy::LeastLoaded => "least-loaded",
+            RoutingPolicy::P2c => "p2c",
+        }
+    }
+}
+
+impl fmt::Display for RoutingPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A routing policy name that is not `prefix`, `least-loaded` or `p2c`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown routing policy {0:?}: use prefix, least-loaded or p2c")]
+pub struct UnknownRoutingPolicy(pub String);
+
+impl FromStr for RoutingPolicy {
+    type Err = UnknownRoutingPolicy;
+
+    fn from_str(s: &str) -> Result<RoutingPolicy, UnknownRoutingPolicy> {
+        let lower = s.to_ascii_lowercase();
+        RoutingPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == lower || (lower == "least_loaded" && *p == RoutingPolicy::LeastLoaded))
+            .ok_or_else(|| UnknownRoutingPolicy(s.to_string()))
+    }
+}
+
+/// Bytes per hashed block of a request's head.
+pub const BLOCK_BYTES: usize = 256;
+/// Blocks hashed at most per request: the head is bounded to `MAX_BLOCKS × BLOCK_BYTES` bytes.
+pub const MAX_BLOCKS: usize = 64;
+/// Bytes of one message's content that enter the head at most.
+pub const MESSAGE_BYTES: usize = 4096;
+/// Bytes of one message's role that enter the head at most.
+pub const ROLE_BYTES: usize = 32;
+/// ε of the load bound, in percent: a node may carry up to `1 + ε` times its fair share.
+pub const EPSILON_PERCENT: u64 = 25;
+
+const HEAD_BYTES: usize = BLOCK_BYTES * MAX_BLOCKS;
+const CHAT_TAG: u8 = b'C';
+const PROMPT_TAG: u8 = b'P';
+
+/// A request's leading content as chained block hashes, and the key routing uses (see the
+/// module docs). Build it with [`PrefixHasher`]; the default is a request without content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prefix {
+    blocks: Vec<u64>,
+    content: bool,
+}
+
+impl Prefix {
+    /// The chained hash of each block of the head, in order (at most [`MAX_BLOCKS`]).
+    pub fn blocks(&self) -> &[u64] {
+        &self.blocks
+    }
+
+    /// The rendezvous key: the last block's chained hash; `None` without content.
+    pub fn key(&self) -> Option<u64> {
+        self.blocks.last().copied().filter(|_| self.content)
+    }
+
+    /// The prefix of a chat request whose messages are `(role, content)`, in order.
+    pub fn of_messages<'a>(messages: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Prefix {
+        let mut hasher = PrefixHasher::new();
+        for (role, content) in messages {
+            if !hasher.message(role, content) {
+                break;
+            }
+        }
+        hasher.finish()
+    }
+
+    /// The prefix of a completions request whose prompt is `text`.
+    pub fn of_prompt(text: &[u8]) -> Prefix {
+        let mut hasher = PrefixHasher::new();
+        hasher.prompt(text);
+        hasher.finish()
+    }
+}
+
+/// What the head is made of; a request is either a chat or a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Prompt,
+}
+
+/// Builds a [`Prefix`] from a request's content as it is read: [`PrefixHasher::message`] for
+/// each chat message in order, or [`PrefixHasher::prompt`] for each piece of a prompt, then
+/// [`PrefixHasher::finish`]. Both return `false` once the head is complete: further content
+/// cannot change the prefix, and the caller may skip it unread. Input beyond the bounds in the
+/// module docs is ignored, so the work is bounded whatever the request holds.
+#[derive(Clone, Debug)]
+pub struct PrefixHasher {
+    /// The previous block's hash (zeros before the first).
+    chain: [u8; 32],
+    /// SHA-256 over `chain` and the current block's bytes so far.
+    block: Sha256,
+    /// Bytes in the current block.
+    filled: usize,
+    /// Bytes taken into the head so far.
+    taken: usize,
+    blocks: Vec<u64>,
+    kind: Option<Kind>,
+    content: bool,
+    complete: bool,
+}
+
+impl Default for PrefixHasher {
+    fn default() -> Self {
+        PrefixHasher::new()
+    }
+}
+
+impl PrefixHasher {
+    /// An empty head.
+    pub fn new() -> PrefixHasher {
+        let chain = [0u8; 32];
+        let mut block = Sha256::new();
+        block.update(chain);
+        PrefixHasher {
+            chain,
+            block,
+            filled: 0,
+            taken: 0,
+            blocks: Vec::new(),
+            kind: None,
+            content: false,
+            complete: false,
+        }
+    }
+
+    /// Whether more content can still change the prefix.
+    pub fn wants_more(&self) -> bool {
+        !self.complete
+    }
+
+    /// Adds the next chat message; `content` is its text (the text parts of a multi-part
+    /// content, concatenated). Returns [`PrefixHasher::wants_more`].
+    pub fn message(&mut self, role: &str, content: &[u8]) -> bool {
+        if self.complete || !self.start(Kind::Chat) {
+            return false;
+        }
+        let role = &role.as_bytes()[..role.len().min(ROLE_BYTES)];
+        let content = &content[..content.len().min(MESSAGE_BYTES)];
+        self.feed(&[role.len() as u8]);
+        self.feed(role);
+        self.feed(&(content.len() as u32).to_le_bytes());
+        self.feed(content);
+        self.content |= !content.is_empty();
+        if role == b"user" || self.taken == HEAD_BYTES {
+            self.complete = true;
+        }
+        !self.complete
+    }
+
+    /// Adds the next piece of a prompt (its text, or token ids as little-endian bytes); pieces
+    /// are joined with a zero byte. Returns [`PrefixHasher::wants_more`].
+    pub fn prompt(&mut self, piece: &[u8]) -> bool {
+        if self.complete {
+            return false;
+        }
+        if self.kind == Some(Kind::Prompt) {
+            self.feed(&[0]);
+        } else if !self.start(Kind::Prompt) {
+            return false;
+        }
+        let room = BLOCK_BYTES.saturating_sub(self.taken);
+        self.feed(&piece[..piece.len().min(room)]);
+        self.content |= !piece.is_empty();
+        if self.taken >= BLOCK_BYTES {
+            self.complete = true;
+        }
+        !self.complete
+    }
+
+    /// The prefix of everything added.
+    pub fn finish(mut self) -> Prefix {
+        if self.filled > 0 {
+            self.close_block();
+        }
+        Prefix { blocks: self.blocks, content: self.content }
+    }
+
+    /// Starts the head as `kind`; false if it already is of the other kind (a request has
+    /// messages or a prompt, and messages win).
+    fn start(&mut self, kind: Kind) -> bool {
+        match self.kind {
+            Some(k) => k == kind,
+            None => {
+                self.kind = Some(kind);
+                self.feed(&[match kind {
+                    Kind::Chat => CHAT_TAG,
+                    Kind::Prompt => PROMPT_TAG,
+                }]);
+                true
+            }
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        let mut rest = &bytes[..bytes.len().min(HEAD_BYTES - self.taken)];
+        self.taken += rest.len();
+        while !rest.is_empty() {
+            let n = rest.len().min(BLOCK_BYTES - self.filled);
+            self.block.update(&rest[..n]);
+            self.filled += n;
+            rest = &rest[n..];
+            if self.filled == BLOCK_BYTES {
+                self.close_block();
+            }
+        }
+    }
+
+    fn close_block(&mut self) {
+        let digest = self.block.finalize_reset();
+        self.chain.copy_from_slice(&digest);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        self.blocks.push(u64::from_le_bytes(first));
+        self.block.update(self.chain);
+        self.filled = 0;
+    }
+}
+
+/// SplitMix64's finaliser: a fixed bijection of `u64` that scatters every input bit.
+fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A node's rendezvous weight for `key`: higher ranks first.
+pub fn rendezvous_weight(key: u64, node: &NodeId) -> u64 {
+    let mut halves = [0u8; 8];
+    halves.copy_from_slice(&node.0[..8]);
+    let high = u64::from_le_bytes(halves);
+    halves.copy_from_slice(&node.0[8..]);
+    let low = u64::from_le_bytes(halves);
+    mix64(key ^ mix64(high ^ mix64(low)))
+}
+
 /// Load-score multiplier per GPU tier, in tenths (tier 0 = no GPU, e.g. a simulator).
 fn tier_weight(tier: u8) -> u64 {
     match tier {
@@ -41,7 +374,97 @@ fn tier_weight(tier: u8) -> u64 {
     }
 }
 
-/// Picks a node for a request for `model`.
+/// A usable host, its load and its capacity share.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    id: NodeId,
+    in_flight: u32,
+    /// The tier weight in tenths: a higher weight means a slower node.
+    weight: u64,
+}
+
+impl Candidate {
+    fn score(&self) -> u64 {
+        (u64::from(self.in_flight) + 1) * self.weight
+    }
+
+    /// Capacity, the inverse of the tier weight, in integers (60, 40, 30, 24).
+    fn capacity(&self) -> u64 {
+        600 / self.weight
+    }
+}
+
+/// The candidate with the lowest load score; ties go to the lowest id.
+fn least_loaded(candidates: &[Candidate]) -> Option<NodeId> {
+    candidates.iter().min_by_key(|c| (c.score(), c.id)).map(|c| c.id)
+}
+
+/// Whether `c` may take one more request under the bound, given everything in flight on the
+/// candidates and their total capacity.
+fn within_bound(c: &Candidate, total_in_flight: u64, total_capacity: u64) -> bool {
+    let share = u128::from(100 + EPSILON_PERCENT) * u128::from(total_in_flight + 1) * u128::from(c.capacity());
+    let whole = 100 * u128::from(total_capacity);
+    let bound = share.div_ceil(whole);
+    u128::from(c.in_flight) < bound
+}
+
+/// The highest-ranked candidate for `key` within the load bound (see the module docs).
+fn by_prefix(key: u64, candidates: &[Candidate]) -> Option<NodeId> {
+    let total_in_flight: u64 = candidates.iter().map(|c| u64::from(c.in_flight)).sum();
+    let total_capacity: u64 = candidates.iter().map(Candidate::capacity).sum();
+    candidates
+        .iter()
+        .filter(|c| within_bound(c, total_in_flight, total_capacity))
+        .max_by_key(|c| (rendezvous_weight(key, &c.id), core::cmp::Reverse(c.id)))
+        .map(|c| c.id)
+        // The bounds sum to more than everything in flight, so this is only for safety.
+        .or_else(|| least_loaded(candidates))
+}
+
+/// Picks a node for a request for `model` by `policy`; `prefix` is the request's leading
+/// content (only [`RoutingPolicy::Prefix`] reads it, and `rng` only [`RoutingPolicy::P2c`]).
+///
+/// `usable(id)` says whether the caller can send to `id` now and has not tried it for this
+/// request; `in_flight(id)` is the caller's count of requests in flight on `id`.
+pub fn route_with<R: Rng + ?Sized>(
+    policy: RoutingPolicy,
+    replica: &Replica,
+    model: &str,
+    prefix: &Prefix,
+    mut usable: impl FnMut(NodeId) -> bool,
+    mut in_flight: impl FnMut(NodeId) -> u32,
+    rng: &mut R,
+) -> Result<NodeId, RouteError> {
+    if policy == RoutingPolicy::P2c {
+        return route(replica, model, usable, in_flight, rng);
+    }
+    let hosts = replica.serving(model);
+    if hosts.is_empty() {
+        return Err(unknown_model(replica, model));
+    }
+    let candidates: Vec<Candidate> = hosts
+        .iter()
+        .filter(|&id| usable(id))
+        .map(|id| {
+            let tier = replica.get(&id).map_or(4, |s| s.record().hardware.gpu.tier());
+            Candidate { id, in_flight: in_flight(id), weight: tier_weight(tier) }
+        })
+        .collect();
+    let picked = match (policy, prefix.key()) {
+        (RoutingPolicy::Prefix, Some(key)) => by_prefix(key, &candidates),
+        _ => least_loaded(&candidates),
+    };
+    picked.ok_or_else(|| RouteError::NoCapacity { model: model.to_string(), hosts: hosts.len() })
+}
+
+fn unknown_model(replica: &Replica, model: &str) -> RouteError {
+    RouteError::UnknownModel {
+        model: model.to_string(),
+        known: replica.routable_models().into_iter().map(str::to_string).collect(),
+    }
+}
+
+/// Picks a node for a request for `model` by power-of-two-choices ([`RoutingPolicy::P2c`]).
 ///
 /// `usable(id)` says whether the caller can send to `id` now and has not tried it for this
 /// request; `in_flight(id)` is the caller's count of requests in flight on `id`.
@@ -54,10 +477,7 @@ pub fn route<R: Rng + ?Sized>(
 ) -> Result<NodeId, RouteError> {
     let hosts = replica.serving(model);
     if hosts.is_empty() {
-        return Err(RouteError::UnknownModel {
-            model: model.to_string(),
-            known: replica.routable_models().into_iter().map(str::to_string).collect(),
-        });
+        return Err(unknown_model(replica, model));
     }
     let no_capacity = || RouteError::NoCapacity { model: model.to_string(), hosts: hosts.len() };
     let score = |id: NodeId, in_flight: &mut dyn FnMut(NodeId) -> u32| {
@@ -105,6 +525,7 @@ mod tests {
     use crate::hardware::{GpuModel, Hardware};
     use crate::record::{Lifecycle, Model, ModelSet, Reachability, Record, Role};
     use crate::time::Time;
+    use proptest::prelude::*;
     use rand_chacha::ChaCha8Rng;
     use rand_core::SeedableRng;
     use std::sync::Arc;
@@ -161,5 +582,279 @@ mod tests {
         let (h100, rtx) = (load[1] + load[3], load[2] + load[4]);
         assert!(load[1].abs_diff(load[3]) < 60 && load[2].abs_diff(load[4]) < 60, "{load:?}");
         assert!(h100 > rtx * 3 / 2, "tier 1 {h100} vs tier 3 {rtx}");
+    }
+
+    #[test]
+    fn policies_are_named_as_the_flag_takes_them() {
+        for p in RoutingPolicy::ALL {
+            assert_eq!(p.as_str().parse::<RoutingPolicy>(), Ok(p));
+            assert_eq!(p.to_string(), p.as_str());
+        }
+        assert_eq!(RoutingPolicy::default(), RoutingPolicy::Prefix);
+        assert_eq!("Least-Loaded".parse::<RoutingPolicy>(), Ok(RoutingPolicy::LeastLoaded));
+        let e = "random".parse::<RoutingPolicy>().unwrap_err();
+        assert_eq!(e.to_string(), "unknown routing policy \"random\": use prefix, least-loaded or p2c");
+    }
+
+    fn chat(messages: &[(&str, &str)]) -> Prefix {
+        Prefix::of_messages(messages.iter().map(|(r, c)| (*r, c.as_bytes())))
+    }
+
+    #[test]
+    fn every_turn_of_a_conversation_has_its_key_and_other_conversations_do_not() {
+        let system = ("system", "You are a careful assistant.");
+        let first = chat(&[system, ("user", "Plan a trip to Lisbon")]);
+        let third = chat(&[
+            system,
+            ("user", "Plan a trip to Lisbon"),
+            ("assistant", "Day one: Alfama."),
+            ("user", "And day two?"),
+            ("assistant", "Belém."),
+            ("user", "Thanks"),
+        ]);
+        assert!(first.key().is_some());
+        assert_eq!(first.key(), third.key(), "later turns resend the head");
+        assert_eq!(first.blocks(), third.blocks(), "content after the head is not hashed");
+        let other_question = chat(&[system, ("user", "Plan a trip to Porto")]);
+        let other_system = chat(&[("system", "You are terse."), ("user", "Plan a trip to Lisbon")]);
+        let no_system = chat(&[("user", "Plan a trip to Lisbon")]);
+        for other in [&other_question, &other_system, &no_system] {
+            assert_ne!(first.key(), other.key());
+        }
+        // The role is part of the head: an assistant message is not a user message.
+        assert_ne!(chat(&[("assistant", "hi"), ("user", "x")]).key(), chat(&[("user", "hi"), ("user", "x")]).key());
+    }
+
+    #[test]
+    fn a_huge_head_costs_bounded_work() {
+        let huge = "long document ".repeat(100_000);
+        let prefix = chat(&[("system", &huge), ("user", "summarise it")]);
+        let capped = chat(&[("system", &huge[..MESSAGE_BYTES]), ("user", "summarise it")]);
+        assert_eq!(prefix.key(), capped.key(), "only the first MESSAGE_BYTES of a message count");
+        assert!(prefix.blocks().len() <= MESSAGE_BYTES / BLOCK_BYTES + 2, "{}", prefix.blocks().len());
+        // The first user turn still tells conversations with one huge system prompt apart.
+        assert_ne!(prefix.key(), chat(&[("system", &huge), ("user", "translate it")]).key());
+        // Many leading messages: the head stops at MAX_BLOCKS blocks.
+        let many: Vec<(&str, &str)> = (0..1000).map(|_| ("system", &huge[..MESSAGE_BYTES])).collect();
+        let bounded = chat(&many);
+        assert_eq!(bounded.blocks().len(), MAX_BLOCKS);
+        assert_eq!(bounded.key(), chat(&many[..10]).key());
+    }
+
+    #[test]
+    fn a_prompt_is_keyed_by_its_first_block() {
+        let session = "<|system|>You answer questions about the weather in detail.".repeat(8);
+        let turn1 = format!("{session}<|user|>Is it raining?");
+        let turn2 = format!("{turn1}<|assistant|>No.<|user|>Will it?");
+        assert!(turn1.len() > BLOCK_BYTES);
+        let p1 = Prefix::of_prompt(turn1.as_bytes());
+        assert_eq!(p1.blocks().len(), 1);
+        assert_eq!(p1.key(), Prefix::of_prompt(turn2.as_bytes()).key());
+        assert_ne!(p1.key(), Prefix::of_prompt(b"a different prompt").key());
+        // A chat and a prompt never share a key by accident of framing.
+        assert_ne!(Prefix::of_prompt(b"user").key(), chat(&[("user", "")]).key());
+    }
+
+    #[test]
+    fn no_content_means_no_key() {
+        assert_eq!(Prefix::default().key(), None);
+        assert_eq!(chat(&[]).key(), None);
+        assert_eq!(chat(&[("user", "")]).key(), None);
+        assert_eq!(Prefix::of_prompt(b"").key(), None);
+        // Messages win over a prompt in the same request.
+        let mut h = PrefixHasher::new();
+        h.message("user", b"hello");
+        assert!(!h.prompt(b"something else"));
+        assert_eq!(h.finish().key(), chat(&[("user", "hello")]).key());
+    }
+
+    #[test]
+    fn conversations_spread_over_the_nodes() {
+        let r = replica(&[(1, GpuModel::H100), (2, GpuModel::H100), (3, GpuModel::H100), (4, GpuModel::H100)]);
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let mut count = [0u32; 5];
+        for i in 0..2000 {
+            let prefix = chat(&[("system", "shared"), ("user", &format!("question {i}"))]);
+            let id = route_with(RoutingPolicy::Prefix, &r, "m", &prefix, |_| true, |_| 0, &mut rng).unwrap();
+            count[id.short() as usize] += 1;
+        }
+        assert!(count[1..].iter().all(|&n| (350..650).contains(&n)), "{count:?}");
+    }
+
+    #[test]
+    fn least_loaded_takes_the_lowest_score_and_breaks_ties_by_id() {
+        let r = replica(&[(1, GpuModel::H100), (2, GpuModel::Rtx4090), (3, GpuModel::H100)]);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let pick = |load: [u32; 4], rng: &mut ChaCha8Rng| {
+            let prefix = chat(&[("user", "hello")]);
+            route_with(RoutingPolicy::LeastLoaded, &r, "m", &prefix, |_| true, |id| load[id.short() as usize], rng)
+                .unwrap()
+                .short()
+        };
+        assert_eq!(pick([0, 0, 0, 0], &mut rng), 1);
+        assert_eq!(pick([0, 1, 0, 0], &mut rng), 3);
+        // Tier 3 weighs twice tier 1: (0 + 1) × 20 < (2 + 1) × 10.
+        assert_eq!(pick([0, 2, 0, 2], &mut rng), 2);
+        let e = route_with(RoutingPolicy::Prefix, &r, "x", &Prefix::default(), |_| true, |_| 0, &mut rng);
+        assert!(matches!(e, Err(RouteError::UnknownModel { .. })));
+        let e = route_with(RoutingPolicy::Prefix, &r, "m", &Prefix::default(), |_| false, |_| 0, &mut rng);
+        assert_eq!(e, Err(RouteError::NoCapacity { model: "m".into(), hosts: 3 }));
+    }
+
+    /// Serving nodes `ids` (all tier 1), merged in that order.
+    fn replica_of(ids: &[u64]) -> Replica {
+        let gpus: Vec<(u64, GpuModel)> = ids.iter().map(|&n| (n, GpuModel::H100)).collect();
+        replica(&gpus)
+    }
+
+    fn prefix_route(r: &Replica, prefix: &Prefix, usable: impl Fn(u64) -> bool, load: impl Fn(u64) -> u32) -> u64 {
+        // A different RNG every time: the prefix policy must not depend on it.
+        static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut rng = ChaCha8Rng::seed_from_u64(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        route_with(RoutingPolicy::Prefix, r, "m", prefix, |id| usable(id.short()), |id| load(id.short()), &mut rng)
+            .expect("a usable host")
+            .short()
+    }
+
+    /// The bound of the module docs with equal tiers: `⌈1.25 × (T + 1) / n⌉`.
+    fn mean_bound(loads: &[u32]) -> u64 {
+        let total: u64 = loads.iter().map(|&l| u64::from(l)).sum();
+        (5 * (total + 1)).div_ceil(4 * loads.len() as u64)
+    }
+
+    fn conversation() -> impl Strategy<Value = Vec<(String, String)>> {
+        let text = "[a-z ]{0,40}";
+        (text, "[a-z ]{1,40}", proptest::collection::vec((text, "[a-z ]{1,20}"), 0..6)).prop_map(
+            |(system, first, turns)| {
+                let mut messages = vec![("system".to_string(), system), ("user".to_string(), first)];
+                for (answer, question) in turns {
+                    messages.push(("assistant".to_string(), answer));
+                    messages.push(("user".to_string(), question));
+                }
+                messages
+            },
+        )
+    }
+
+    fn of(messages: &[(String, String)]) -> Prefix {
+        Prefix::of_messages(messages.iter().map(|(r, c)| (r.as_str(), c.as_bytes())))
+    }
+
+    fn node_ids() -> impl Strategy<Value = Vec<u64>> {
+        proptest::collection::btree_set(1u64..1_000_000, 2..12).prop_map(|s| s.into_iter().collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn two_gateways_with_the_same_view_pick_the_same_node(
+            ids in node_ids(),
+            messages in conversation(),
+            loads in proptest::collection::vec(0u32..40, 12),
+        ) {
+            let a = replica_of(&ids);
+            let reversed: Vec<u64> = ids.iter().rev().copied().collect();
+            let b = replica_of(&reversed);
+            let prefix = of(&messages);
+            let load = |n: u64| loads[ids.iter().position(|&i| i == n).unwrap_or(0)];
+            let first = prefix_route(&a, &prefix, |_| true, load);
+            prop_assert_eq!(first, prefix_route(&b, &prefix, |_| true, load));
+            prop_assert_eq!(first, prefix_route(&a, &of(&messages), |_| true, load), "and again on the same one");
+        }
+
+        #[test]
+        fn a_conversation_stays_on_one_node_while_loads_are_balanced(
+            ids in node_ids(),
+            messages in conversation(),
+            level in 0u32..50,
+        ) {
+            let r = replica_of(&ids);
+            let head = messages.iter().position(|(role, _)| role == "user").unwrap_or(0) + 1;
+            let first = prefix_route(&r, &of(&messages[..head]), |_| true, |_| level);
+            for turn in (head..=messages.len()).step_by(2) {
+                prop_assert_eq!(prefix_route(&r, &of(&messages[..turn]), |_| true, |_| level), first);
+            }
+        }
+
+        #[test]
+        fn the_chosen_node_stays_within_the_load_bound(
+            ids in node_ids(),
+            key in any::<u64>(),
+            loads in proptest::collection::vec(0u32..100, 12),
+        ) {
+            let r = replica_of(&ids);
+            let prefix = Prefix::of_prompt(&key.to_le_bytes());
+            let loads = &loads[..ids.len()];
+            let load = |n: u64| loads[ids.iter().position(|&i| i == n).unwrap_or(0)];
+            let chosen = prefix_route(&r, &prefix, |_| true, load);
+            let bound = mean_bound(loads);
+            // Some candidate is always within the bound, so the chosen one is.
+            prop_assert!(u64::from(load(chosen)) < bound, "load {} with bound {bound}", load(chosen));
+            // And every node ranked above it is over the bound: it spilled no further than needed.
+            let k = prefix.key().unwrap();
+            let w = |n: u64| rendezvous_weight(k, &NodeId::from_u64(n));
+            for &n in &ids {
+                if w(n) > w(chosen) {
+                    prop_assert!(u64::from(load(n)) >= bound, "{n} was within the bound and ranks higher");
+                }
+            }
+        }
+
+        #[test]
+        fn removing_a_node_moves_only_the_keys_it_held(
+            ids in node_ids(),
+            gone in any::<proptest::sample::Index>(),
+            keys in proptest::collection::vec(any::<u64>(), 50),
+        ) {
+            let r = replica_of(&ids);
+            let gone = ids[gone.index(ids.len())];
+            let rest: Vec<u64> = ids.iter().copied().filter(|&n| n != gone).collect();
+            let smaller = replica_of(&rest);
+            for key in keys {
+                let prefix = Prefix::of_prompt(&key.to_le_bytes());
+                let before = prefix_route(&r, &prefix, |_| true, |_| 0);
+                let after = prefix_route(&smaller, &prefix, |_| true, |_| 0);
+                prop_assert_eq!(prefix_route(&r, &prefix, |n| n != gone, |_| 0), after, "unusable is as good as gone");
+                if before != gone {
+                    prop_assert_eq!(before, after, "a key whose node stayed moved");
+                }
+                prop_assert_ne!(after, gone);
+            }
+        }
+
+        #[test]
+        fn without_content_the_least_loaded_node_is_chosen(
+            ids in node_ids(),
+            loads in proptest::collection::vec(0u32..20, 12),
+        ) {
+            let r = replica_of(&ids);
+            let load = |n: u64| loads[ids.iter().position(|&i| i == n).unwrap_or(0)];
+            let chosen = prefix_route(&r, &Prefix::default(), |_| true, load);
+            let least = ids.iter().copied().min_by_key(|&n| (load(n), n)).unwrap();
+            prop_assert_eq!(chosen, least);
+        }
+
+        #[test]
+        fn a_hot_prefix_spills_to_its_next_ranked_node(
+            ids in node_ids(),
+            messages in conversation(),
+            hot in 1u32..1000,
+        ) {
+            let r = replica_of(&ids);
+            let prefix = of(&messages);
+            let first = prefix_route(&r, &prefix, |_| true, |_| 0);
+            let second = prefix_route(&r, &prefix, |n| n != first, |_| 0);
+            let loaded = |n: u64| if n == first { hot } else { 0 };
+            let loads: Vec<u32> = ids.iter().map(|&n| loaded(n)).collect();
+            let chosen = prefix_route(&r, &prefix, |_| true, loaded);
+            if u64::from(hot) < mean_bound(&loads) {
+                prop_assert_eq!(chosen, first, "within the bound it keeps its node");
+            } else {
+                prop_assert_eq!(chosen, second, "over the bound it spills to the next-ranked node");
+                let reversed: Vec<u64> = ids.iter().rev().copied().collect();
+                prop_assert_eq!(prefix_route(&replica_of(&reversed), &prefix, |_| true, loaded), second);
+            }
+        }
     }
 }

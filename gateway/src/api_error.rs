@@ -1,7 +1,7 @@
 //! Errors the gateway answers itself, in OpenAI's shape:
 //! `{"error":{"message","type","param","code"}}`, so that the official SDKs raise the matching
-//! exception class (`AuthenticationError` for 401, `NotFoundError` for 404, `RateLimitError`
-//! for 429, `APIStatusError` for the rest).
+//! exception class (`AuthenticationError` for 401, `PermissionDeniedError` for 403,
+//! `NotFoundError` for 404, `RateLimitError` for 429, `APIStatusError` for the rest).
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -44,6 +44,11 @@ impl ApiError {
     /// 401: no key or a wrong one.
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "invalid_api_key", message)
+    }
+
+    /// 403: the key is valid but may not use this path.
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "permission_error", "forbidden", message)
     }
 
     /// 404 for a path the gateway does not serve.
@@ -121,6 +126,22 @@ impl ApiError {
                 "concurrency_limit",
                 format!("this gateway is already serving {limit} requests, its limit; retry shortly"),
             )
+        }
+    }
+
+    /// 429 for a key over one of its rate limits ([`crate::limits`]), as OpenAI answers it:
+    /// code `rate_limit_exceeded`, type `requests` or `tokens` (the limit reached).
+    /// `retry_after` is `None` only when retrying cannot help.
+    pub fn rate_limited(kind: &'static str, message: impl Into<String>, retry_after: Option<u32>) -> ApiError {
+        ApiError { retry_after, ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, kind, "rate_limit_exceeded", message) }
+    }
+
+    /// 429 for a key that has spent its token budget for the period: OpenAI's
+    /// `insufficient_quota`, with `Retry-After` until the next period.
+    pub fn quota_exceeded(message: impl Into<String>, retry_after: Option<u32>) -> ApiError {
+        ApiError {
+            retry_after,
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "insufficient_quota", "insufficient_quota", message)
         }
     }
 

@@ -1,12 +1,43 @@
-//! API keys: a file of SHA-256 hashes, checked on every request and reloaded when it changes.
+//! API keys: a file of SHA-256 hashes, each with an optional name, owner, account, allowed
+//! models and limits; checked on every request and reloaded when the file changes.
 //!
 //! # The key file
 //!
-//! One key per line as `sha256:<64 hex digits>`, optionally followed by whitespace and a label
-//! (who the key is for); blank lines and lines starting with `#` are ignored. `tela gateway
-//! hash-key` prints such a line for a key (or makes a new key). The gateway never sees or stores
-//! the keys themselves, so a leaked file does not leak them.
+//! One key per line; blank lines and lines starting with `#` are ignored:
 //!
+//! ```text
+//! # old style: a hash and an optional label (the key's name)
+//! sha256:5e8f…<64 hex digits> alice
+//! # named entries: any of these fields, in any order, after the hash
+//! sha256:9a1b…<64 hex digits> name=lab-a owner="Ada Lovelace" account=proj-42 models=llama-3-8b,qwen-7b rpm=60 tpm=100000 concurrent=4 budget_tokens=5000000/month
+//! ```
+//!
+//! | field | value | default |
+//! |---|---|---|
+//! | `name` | what logs, metrics and errors call the key | the label, else `sha256:` and the hash's first 8 digits |
+//! | `owner` | who holds it | none |
+//! | `account` | the Slurm account or project its use is charged to | none |
+//! | `models` | the models it may use, `m1,m2`, or `*` for all | `*` |
+//! | `rpm`, `tpm` | requests, tokens per minute | no limit |
+//! | `concurrent` | requests in flight at once | no limit |
+//! | `budget_tokens` | `N/day`, `N/week` or `N/month` (UTC calendar periods) | no budget |
+//!
+//! The limits are enforced by [`crate::limits`]. Numbers are positive whole numbers. A value
+//! with spaces is written in double quotes (`owner="Ada Lovelace"`; `\"` and `\\` inside
+//! quotes stand for `"` and `\`). Bare words right after the hash are the old-style label,
+//! which names the key; a bare word after a field, an unknown or repeated field, a bad number,
+//! a label together with `name=`, and a hash that appears on two lines are errors. A word
+//! starting with `#` begins a comment to the end of the line. `tela gateway hash-key` writes
+//! such lines (it quotes what needs quoting and checks the line parses). The one old label that
+//! no longer reads as before is one with an unquoted `=` or an unclosed `"`: the file is then
+//! refused with the line named, and quoting the label (`"a=b"`) fixes it.
+//!
+//! A key not allowed a model gets, for that model, exactly the 404 a model nobody serves gets,
+//! and `/v1/models` lists only its models, so model names do not leak between tenants; for the
+//! same reason such a key may not read `/status` or `/metrics` (403). Keys may share a name
+//! (one person's old and new key while rotating).
+//!
+//! The gateway never sees or stores the keys themselves, so a leaked file does not leak them.
 //! Why SHA-256 and not a password hash (argon2, bcrypt): API keys are long random strings, not
 //! passwords people choose, so there is nothing to brute-force and a slow hash would only add
 //! milliseconds to every request. Keys made by `hash-key --generate` carry 256 random bits.
@@ -15,23 +46,31 @@
 //!
 //! [`KeyFile::watch`] polls the file's modification time and size every
 //! [`RELOAD_INTERVAL`] and swaps in the new set when they change; a file that cannot be read or
-//! parsed keeps the previous set in force (and says why in the log), so a half-written edit
-//! never locks everyone out or lets everyone in.
+//! parsed keeps the previous set in force (and the log names the line and what is wrong with
+//! it), so a half-written edit never locks everyone out or lets everyone in. A key whose hash
+//! is in both the old and the new file keeps its counters ([`KeyCounters`]): editing the file
+//! does not reset anyone's minute or budget, even when the edit changes that key's limits.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
+use http::header::HeaderMap;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tela_runtime::snapshot::SnapshotCell;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::limits::{Budget, KeyCounters, KeyGuard, KeyLimits, Now, Period, RateHeaders, Refusal};
+
 /// How often the key file is checked for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The key file could not be used.
+/// The fields a key-file entry may set (see the module docs).
+pub const FIELDS: &[&str] = &["name", "owner", "account", "models", "rpm", "tpm", "concurrent", "budget_tokens"];
+
+/// The key file could not be used; the keys in force stay in force.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     /// It could not be read.
@@ -42,47 +81,286 @@ pub enum KeyFileError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// A line is not `sha256:<64 hex digits> [label]`.
-    #[error(
-        "{path}:{line}: expected 'sha256:<64 hex digits> [label]' (make one with `tela gateway hash-key`), found '{found:.40}'"
-    )]
-    BadLine {
+    /// A line is not a valid entry.
+    #[error("{path}:{line}: {problem}")]
+    BadEntry {
         /// The file.
         path: PathBuf,
         /// The 1-based line number.
         line: usize,
-        /// The start of the line.
-        found: String,
+        /// What is wrong with it.
+        problem: EntryError,
+    },
+    /// The same key is on two lines, which could give it two sets of limits.
+    #[error("{path}:{line}: this key is already on line {first}; keep one line per key")]
+    DuplicateKey {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line number of the second line.
+        line: usize,
+        /// The line of the first.
+        first: usize,
     },
     /// The file holds no key, which would lock every client out.
     #[error("the API key file {0} holds no key; add lines made with `tela gateway hash-key`")]
     Empty(PathBuf),
 }
 
-/// A set of accepted key hashes.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// What is wrong with one key-file line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    /// The line does not start with a key hash.
+    #[error("expected 'sha256:<64 hex digits>' first (make a line with `tela gateway hash-key`), found '{0:.40}'")]
+    BadHash(String),
+    /// A `field=value` with a field no entry has.
+    #[error("unknown field '{0:.40}'; the fields are {fields}", fields = FIELDS.join(", "))]
+    UnknownField(String),
+    /// A field given twice.
+    #[error("'{0}' is given twice; keep one")]
+    RepeatedField(String),
+    /// A field's value is not what the field takes.
+    #[error("{field}={value:.40}: {problem}")]
+    BadValue {
+        /// The field.
+        field: String,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        problem: &'static str,
+    },
+    /// A bare word after the first field (a typo such as `rpm 60`, or an unquoted space).
+    #[error("'{0:.40}' after the fields: write every field as field=value, and quote values with spaces")]
+    StrayWord(String),
+    /// Both an old-style label and `name=`.
+    #[error("both a label ('{0:.40}') and name= name the key; keep one")]
+    LabelAndName(String),
+    /// A `"` without its closing `"`.
+    #[error("a double quote is not closed")]
+    UnclosedQuote,
+}
+
+/// The models a key may use.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ModelScope {
+    /// Every model (`models=*`, or no `models=`).
+    #[default]
+    All,
+    /// Only these.
+    Only(BTreeSet<String>),
+}
+
+impl ModelScope {
+    /// Whether the key may use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        match self {
+            ModelScope::All => true,
+            ModelScope::Only(models) => models.contains(model),
+        }
+    }
+
+    fn parse(value: &str) -> Option<ModelScope> {
+        if value == "*" {
+            return Some(ModelScope::All);
+        }
+        let models: BTreeSet<String> = value.split(',').map(|m| m.trim().to_string()).collect();
+        if models.iter().any(|m| m.is_empty() || m == "*") {
+            return None;
+        }
+        Some(ModelScope::Only(models))
+    }
+}
+
+/// One key's entry in the key file.
+#[derive(Debug)]
+pub struct KeyEntry {
+    /// What logs, metrics and errors call the key.
+    pub name: String,
+    /// Who holds it.
+    pub owner: Option<String>,
+    /// The Slurm account or project its use is charged to.
+    pub account: Option<String>,
+    /// The models it may use.
+    pub models: ModelScope,
+    /// Its limits.
+    pub limits: KeyLimits,
+    /// Its line in the file.
+    pub line: usize,
+    counters: Arc<KeyCounters>,
+}
+
+impl KeyEntry {
+    /// The key's counters, kept across reloads while its hash stays in the file.
+    pub fn counters(&self) -> &Arc<KeyCounters> {
+        &self.counters
+    }
+
+    /// Parses one line (not blank, not a comment) of a key file; `line` is its number.
+    pub fn parse(text: &str, line: usize) -> Result<([u8; 32], KeyEntry), EntryError> {
+        let mut words = words(text)?.into_iter();
+        let first = words.next().ok_or_else(|| EntryError::BadHash(String::new()))?;
+        let hash = first
+            .text
+            .strip_prefix("sha256:")
+            .filter(|_| first.eq.is_none())
+            .and_then(parse_digest)
+            .ok_or_else(|| EntryError::BadHash(first.text.clone()))?;
+        let mut entry = KeyEntry {
+            name: String::new(),
+            owner: None,
+            account: None,
+            models: ModelScope::All,
+            limits: KeyLimits::default(),
+            line,
+            counters: Arc::default(),
+        };
+        let mut label: Vec<String> = Vec::new();
+        let mut name = None;
+        let mut given: Vec<String> = Vec::new();
+        for word in words {
+            let Some(eq) = word.eq else {
+                if !given.is_empty() {
+                    return Err(EntryError::StrayWord(word.text));
+                }
+                label.push(word.text);
+                continue;
+            };
+            let (field, value) = (&word.text[..eq], &word.text[eq + 1..]);
+            if !FIELDS.contains(&field) {
+                return Err(EntryError::UnknownField(field.to_string()));
+            }
+            if given.iter().any(|g| g == field) {
+                return Err(EntryError::RepeatedField(field.to_string()));
+            }
+            given.push(field.to_string());
+            let bad = |problem: &'static str| EntryError::BadValue {
+                field: field.to_string(),
+                value: value.to_string(),
+                problem,
+            };
+            if value.is_empty() {
+                return Err(bad("the value is empty; give one, or leave the field out"));
+            }
+            const NUMBER: &str = "expected a positive whole number (leave the field out for no limit)";
+            match field {
+                "name" => name = Some(value.to_string()),
+                "owner" => entry.owner = Some(value.to_string()),
+                "account" => entry.account = Some(value.to_string()),
+                "models" => {
+                    entry.models = ModelScope::parse(value)
+                        .ok_or_else(|| bad("expected model names separated by commas, or * for every model"))?;
+                }
+                "rpm" => entry.limits.requests_per_minute = Some(positive(value).ok_or_else(|| bad(NUMBER))?),
+                "tpm" => entry.limits.tokens_per_minute = Some(positive(value).ok_or_else(|| bad(NUMBER))?),
+                "concurrent" => {
+                    let n = positive(value).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(NUMBER))?;
+                    entry.limits.concurrent = Some(n);
+                }
+                _ => {
+                    let budget = value
+                        .split_once('/')
+                        .and_then(|(n, p)| Some(Budget { tokens: positive(n)?, period: Period::parse(p)? }))
+                        .ok_or_else(|| bad("expected <tokens>/<day|week|month>, e.g. 1000000/month"))?;
+                    entry.limits.budget = Some(budget);
+                }
+            }
+        }
+        let label = (!label.is_empty()).then(|| label.join(" "));
+        entry.name = match (label, name) {
+            (Some(label), Some(_)) => return Err(EntryError::LabelAndName(label)),
+            (Some(n), None) | (None, Some(n)) => n,
+            (None, None) => format!("sha256:{}", hex(&hash[..4])),
+        };
+        Ok((hash, entry))
+    }
+}
+
+fn positive(value: &str) -> Option<u64> {
+    value.parse::<u64>().ok().filter(|n| *n > 0)
+}
+
+/// A word of a key-file line, its quotes resolved; `eq` is where its first unquoted `=` is.
+struct Word {
+    text: String,
+    eq: Option<usize>,
+}
+
+/// Splits a line into words at unquoted whitespace, up to a word that starts with `#`.
+fn words(line: &str) -> Result<Vec<Word>, EntryError> {
+    let mut out = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if matches!(chars.peek(), None | Some('#')) {
+            return Ok(out);
+        }
+        let (mut text, mut eq, mut quoted) = (String::new(), None, false);
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => quoted = !quoted,
+                '\\' if quoted => text.push(chars.next().ok_or(EntryError::UnclosedQuote)?),
+                c if c.is_whitespace() && !quoted => break,
+                '=' if !quoted && eq.is_none() => {
+                    eq = Some(text.len());
+                    text.push('=');
+                }
+                c => text.push(c),
+            }
+        }
+        if quoted {
+            return Err(EntryError::UnclosedQuote);
+        }
+        out.push(Word { text, eq });
+    }
+}
+
+/// A value as the key file writes it: bare when it can be, else in double quotes.
+fn quote(value: &str) -> String {
+    let bare = !value.is_empty()
+        && !value.starts_with('#')
+        && !value.chars().any(|c| c.is_whitespace() || c == '"' || c == '\\');
+    if bare {
+        return value.to_string();
+    }
+    let mut out = String::from("\"");
+    for c in value.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// The accepted keys and their entries.
+#[derive(Debug, Default)]
 pub struct KeySet {
-    hashes: HashSet<[u8; 32]>,
+    keys: HashMap<[u8; 32], Arc<KeyEntry>>,
 }
 
 impl KeySet {
     /// Parses a key file's text.
     pub fn parse(path: &Path, text: &str) -> Result<KeySet, KeyFileError> {
-        let mut hashes = HashSet::new();
+        let mut keys: HashMap<[u8; 32], Arc<KeyEntry>> = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = || KeyFileError::BadLine { path: path.to_path_buf(), line: i + 1, found: line.to_string() };
-            let token = line.split_whitespace().next().ok_or_else(bad)?;
-            let hex = token.strip_prefix("sha256:").ok_or_else(bad)?;
-            hashes.insert(parse_digest(hex).ok_or_else(bad)?);
+            let (hash, entry) = KeyEntry::parse(line, i + 1).map_err(|problem| KeyFileError::BadEntry {
+                path: path.to_path_buf(),
+                line: i + 1,
+                problem,
+            })?;
+            if let Some(first) = keys.get(&hash) {
+                return Err(KeyFileError::DuplicateKey { path: path.to_path_buf(), line: i + 1, first: first.line });
+            }
+            keys.insert(hash, Arc::new(entry));
         }
-        if hashes.is_empty() {
+        if keys.is_empty() {
             return Err(KeyFileError::Empty(path.to_path_buf()));
         }
-        Ok(KeySet { hashes })
+        Ok(KeySet { keys })
     }
 
     /// Reads and parses a key file.
@@ -92,19 +370,36 @@ impl KeySet {
         KeySet::parse(path, &text)
     }
 
+    /// The entry of `key`, if it is accepted.
+    pub fn entry(&self, key: &str) -> Option<&Arc<KeyEntry>> {
+        self.keys.get(&digest(key))
+    }
+
     /// Whether `key` is one of the accepted keys.
     pub fn accepts(&self, key: &str) -> bool {
-        self.hashes.contains(&digest(key))
+        self.entry(key).is_some()
     }
 
     /// How many keys are accepted.
     pub fn len(&self) -> usize {
-        self.hashes.len()
+        self.keys.len()
     }
 
     /// True when no key is accepted.
     pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
+        self.keys.is_empty()
+    }
+
+    /// Takes over the counters of the keys `previous` also holds (a reload must not reset a
+    /// key's minute or budget); returns how many it took over.
+    pub fn keep_counters(&mut self, previous: &KeySet) -> usize {
+        let mut kept = 0;
+        for (hash, entry) in &mut self.keys {
+            let (Some(old), Some(entry)) = (previous.keys.get(hash), Arc::get_mut(entry)) else { continue };
+            entry.counters = old.counters.clone();
+            kept += 1;
+        }
+        kept
     }
 }
 
@@ -123,11 +418,20 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The key-file line for `key`: `sha256:<hex>`.
 pub fn key_line(key: &str) -> String {
-    let mut line = String::from("sha256:");
-    for b in digest(key) {
-        line.push_str(&format!("{b:02x}"));
+    format!("sha256:{}", hex(&digest(key)))
+}
+
+/// The key-file line for `key` with `fields` (`("rpm", "60")`, ...), quoting values as needed.
+pub fn entry_line(key: &str, fields: &[(&str, String)]) -> String {
+    let mut line = key_line(key);
+    for (field, value) in fields {
+        line.push_str(&format!(" {field}={}", quote(value)));
     }
     line
 }
@@ -136,11 +440,67 @@ pub fn key_line(key: &str) -> String {
 pub fn generate_key() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
-    let mut key = String::from("tela-");
-    for b in bytes {
-        key.push_str(&format!("{b:02x}"));
+    format!("tela-{}", hex(&bytes))
+}
+
+/// Who is calling: anyone (no keys) or the holder of a key, with what its limits said about
+/// this request.
+#[derive(Debug, Default)]
+pub struct Caller {
+    key: Option<Arc<KeyEntry>>,
+    headers: Option<RateHeaders>,
+}
+
+/// The scope of a caller without a key.
+static EVERY_MODEL: ModelScope = ModelScope::All;
+
+impl Caller {
+    /// A caller of a gateway without keys.
+    pub fn anyone() -> Caller {
+        Caller::default()
     }
-    key
+
+    /// The holder of the key `entry`.
+    pub fn holder(entry: Arc<KeyEntry>) -> Caller {
+        Caller { key: Some(entry), headers: None }
+    }
+
+    /// The caller's key entry, if the gateway has keys.
+    pub fn entry(&self) -> Option<&KeyEntry> {
+        self.key.as_deref()
+    }
+
+    /// The models the caller may use.
+    pub fn models(&self) -> &ModelScope {
+        self.key.as_ref().map_or(&EVERY_MODEL, |k| &k.models)
+    }
+
+    /// Admits an inference request under the key's limits (`estimate` gives its tokens, asked
+    /// only when a limit counts tokens): the guard to hold until its response ends (`None` for
+    /// a key without limits), or the refusal. Either way, the response's rate headers are
+    /// what [`Caller::stamp`] then writes.
+    pub fn admit(&mut self, estimate: impl FnOnce() -> u64, now: Now) -> Result<Option<KeyGuard>, Box<Refusal>> {
+        let Some(entry) = self.key.as_ref().filter(|k| !k.limits.is_unlimited()) else { return Ok(None) };
+        let cost = if entry.limits.counts_tokens() { estimate() } else { 0 };
+        match entry.counters.admit(&entry.name, &entry.limits, cost, now) {
+            Ok(admission) => {
+                self.headers = Some(admission.headers);
+                Ok(Some(admission.guard))
+            }
+            Err(refusal) => {
+                self.headers = Some(refusal.headers);
+                Err(refusal)
+            }
+        }
+    }
+
+    /// Adds the `x-ratelimit-*` headers of the key's rate limits, if it has any: as of its
+    /// admission for an inference request, as of now for anything else.
+    pub fn stamp(&self, headers: &mut HeaderMap) {
+        let Some(entry) = self.key.as_ref().filter(|k| k.limits.has_rates()) else { return };
+        let rates = self.headers.unwrap_or_else(|| entry.counters.headers(&entry.limits, Instant::now()));
+        rates.write(headers);
+    }
 }
 
 /// Who may call the API.
@@ -154,10 +514,10 @@ pub enum Access {
 
 impl Access {
     /// Checks an `Authorization` header value (`Bearer <key>`); also accepts an `api-key`
-    /// header value as Azure-style clients send.
-    pub fn check(&self, authorization: Option<&[u8]>, api_key: Option<&[u8]>) -> Result<(), &'static str> {
+    /// header value as Azure-style clients send. Says who is calling, or why not.
+    pub fn check(&self, authorization: Option<&[u8]>, api_key: Option<&[u8]>) -> Result<Caller, &'static str> {
         let keys = match self {
-            Access::Open => return Ok(()),
+            Access::Open => return Ok(Caller::anyone()),
             Access::Keys(keys) => keys.load(),
         };
         let presented = match (authorization, api_key) {
@@ -174,10 +534,9 @@ impl Access {
                 return Err("no API key: send 'Authorization: Bearer <key>' (the OpenAI SDKs do this with api_key=...)")
             }
         };
-        if keys.accepts(&presented) {
-            Ok(())
-        } else {
-            Err("the API key is not valid for this gateway")
+        match keys.entry(&presented) {
+            Some(entry) => Ok(Caller::holder(entry.clone())),
+            None => Err("the API key is not valid for this gateway"),
         }
     }
 }
@@ -205,8 +564,13 @@ impl KeyFile {
                 }
                 seen = now;
                 match KeySet::load(&path) {
-                    Ok(set) => {
-                        tracing::info!("reloaded {}: {} API key(s)", path.display(), set.len());
+                    Ok(mut set) => {
+                        let kept = set.keep_counters(&cell.load());
+                        tracing::info!(
+                            "reloaded {}: {} API key(s), {kept} of them unchanged keys that keep their counters",
+                            path.display(),
+                            set.len()
+                        );
                         cell.store(Arc::new(set));
                     }
                     Err(e) => tracing::error!("{e}; keeping the previous keys"),
@@ -230,16 +594,80 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 /// Print the key-file line for an API key read from stdin, or make a new key with --generate
 /// (the key goes to stderr, for you to hand out; only its hash goes to stdout, so
 /// `tela gateway hash-key --generate >> keys` stores no key).
-#[derive(Debug, Clone, clap::Args)]
+///
+/// The options name the key and set its limits; each becomes a `field=value` of the line.
+/// Without them the line is the bare hash, which any gateway accepts.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct HashKeyArgs {
     /// Make a new random key instead of reading one from stdin.
     #[arg(long)]
     pub generate: bool,
+
+    /// What logs, metrics and errors call the key [default: the hash's first digits].
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
+
+    /// Who holds the key.
+    #[arg(long, value_name = "TEXT")]
+    pub owner: Option<String>,
+
+    /// The Slurm account or project the key's use is charged to.
+    #[arg(long, value_name = "TEXT")]
+    pub account: Option<String>,
+
+    /// The models the key may use, separated by commas, or * for all [default: *].
+    #[arg(long, value_name = "M1,M2|*")]
+    pub models: Option<String>,
+
+    /// Requests per minute [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub rpm: Option<String>,
+
+    /// Tokens per minute, estimated from the prompt and max_tokens [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub tpm: Option<String>,
+
+    /// Requests in flight at once [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub concurrent: Option<String>,
+
+    /// Tokens per UTC calendar day, week (from Monday) or month [default: no budget].
+    #[arg(long, value_name = "N/day|week|month")]
+    pub budget_tokens: Option<String>,
 }
 
 impl HashKeyArgs {
+    /// The fields the options set, in the key file's order.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let options = [
+            ("name", &self.name),
+            ("owner", &self.owner),
+            ("account", &self.account),
+            ("models", &self.models),
+            ("rpm", &self.rpm),
+            ("tpm", &self.tpm),
+            ("concurrent", &self.concurrent),
+            ("budget_tokens", &self.budget_tokens),
+        ];
+        options.into_iter().filter_map(|(field, value)| Some((field, value.clone()?))).collect()
+    }
+
+    /// The line for `key`, checked to parse as the gateway will parse it.
+    pub fn line(&self, key: &str) -> anyhow::Result<String> {
+        let line = entry_line(key, &self.fields());
+        match KeyEntry::parse(&line, 1) {
+            Ok(_) => Ok(line),
+            Err(EntryError::BadValue { field, value, problem }) => {
+                anyhow::bail!("--{} '{value}': {problem}", field.replace('_', "-"))
+            }
+            Err(e) => anyhow::bail!("the options do not make a valid key-file line: {e}"),
+        }
+    }
+
     /// Prints the line to append to the key file.
     pub fn run(self) -> anyhow::Result<()> {
+        // Checked before a key is made or read, so that a refused line hands out no key.
+        self.line("check")?;
         let key = if self.generate {
             let key = generate_key();
             eprintln!("new API key (hand it to the client; only its hash is printed below): {key}");
@@ -251,7 +679,7 @@ impl HashKeyArgs {
             anyhow::ensure!(!key.is_empty(), "no key on stdin; pipe one in, or pass --generate to make one");
             key
         };
-        println!("{}", key_line(&key));
+        println!("{}", self.line(&key)?);
         Ok(())
     }
 }
@@ -277,5 +705,145 @@ mod tests {
         assert!(err.contains("keys:1") && err.contains("hash-key"), "{err}");
         assert!(matches!(KeySet::parse(path, "# none\n"), Err(KeyFileError::Empty(_))));
         assert!(generate_key().starts_with("tela-"));
+    }
+
+    #[test]
+    fn old_lines_keep_working_and_their_label_names_the_key() {
+        let text =
+            format!("{} alice from the lab\n{}\n{} bob # the builder\n", key_line("a"), key_line("b"), key_line("c"));
+        let set = KeySet::parse(Path::new("keys"), &text).expect("old format");
+        let a = set.entry("a").expect("a");
+        assert_eq!(a.name, "alice from the lab");
+        assert_eq!((a.models.clone(), a.limits, a.line), (ModelScope::All, KeyLimits::default(), 1));
+        let b = set.entry("b").expect("b");
+        assert_eq!(b.name, format!("sha256:{}", &key_line("b")["sha256:".len()..][..8]));
+        assert_eq!(set.entry("c").expect("c").name, "bob", "a word starting with # begins a comment");
+    }
+
+    #[test]
+    fn named_entries_carry_owner_account_models_and_limits() {
+        let line = format!(
+            "{} name=lab-a owner=\"Ada \\\"the countess\\\" Lovelace\" account=proj-42 models=llama,qwen \
+             rpm=60 tpm=100000 concurrent=4 budget_tokens=5000000/month # renewed yearly",
+            key_line("k")
+        );
+        let set = KeySet::parse(Path::new("keys"), &format!("# keys\n{line}\n")).expect("valid");
+        let e = set.entry("k").expect("k");
+        assert_eq!(e.name, "lab-a");
+        assert_eq!(e.owner.as_deref(), Some("Ada \"the countess\" Lovelace"));
+        assert_eq!(e.account.as_deref(), Some("proj-42"));
+        assert!(e.models.allows("llama") && e.models.allows("qwen") && !e.models.allows("mistral"));
+        assert_eq!(
+            e.limits,
+            KeyLimits {
+                requests_per_minute: Some(60),
+                tokens_per_minute: Some(100_000),
+                concurrent: Some(4),
+                budget: Some(Budget { tokens: 5_000_000, period: Period::Month }),
+            }
+        );
+        assert_eq!(e.line, 2);
+        let star =
+            KeyEntry::parse(&format!("{} alice models=* rpm=1", key_line("x")), 1).expect("label, then fields").1;
+        assert_eq!((star.name.as_str(), star.models), ("alice", ModelScope::All));
+    }
+
+    #[test]
+    fn each_bad_field_is_refused_with_its_line() {
+        let cases: &[(&str, &str)] = &[
+            ("colour=blue", "unknown field 'colour'"),
+            ("rpm=0", "rpm=0: expected a positive whole number"),
+            ("rpm=ten", "rpm=ten"),
+            ("tpm=-5", "tpm=-5"),
+            ("concurrent=99999999999", "concurrent=99999999999"),
+            ("budget_tokens=100", "budget_tokens=100: expected <tokens>/<day|week|month>"),
+            ("budget_tokens=100/year", "budget_tokens=100/year"),
+            ("budget_tokens=0/day", "budget_tokens=0/day"),
+            ("models=a,,b", "models=a,,b: expected model names"),
+            ("models=a,*", "models=a,*"),
+            ("name=", "name=: the value is empty"),
+            ("rpm=1 rpm=2", "'rpm' is given twice"),
+            ("rpm=1 tpm 5", "'tpm' after the fields"),
+            ("alice name=bob", "both a label ('alice') and name="),
+            ("owner=\"Ada", "a double quote is not closed"),
+        ];
+        for (fields, expected) in cases {
+            let text = format!("# keys\n{}\n{} {fields}\n", key_line("good"), key_line("bad"));
+            let err = KeySet::parse(Path::new("/etc/tela/keys"), &text).expect_err(fields).to_string();
+            assert!(err.starts_with("/etc/tela/keys:3: "), "{fields}: {err}");
+            assert!(err.contains(expected), "{fields}: {err}");
+        }
+        let twice = format!("{} a\n{} b\n", key_line("k"), key_line("k"));
+        let err = KeySet::parse(Path::new("keys"), &twice).expect_err("the same key twice").to_string();
+        assert!(err.contains("keys:2") && err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn a_reload_keeps_the_counters_of_unchanged_keys() {
+        let path = Path::new("keys");
+        let old =
+            KeySet::parse(path, &format!("{} rpm=1\n{} rpm=1\n", key_line("stays"), key_line("goes"))).expect("old");
+        let now = Now::current();
+        let mut caller = Caller::holder(old.entry("stays").expect("stays").clone());
+        drop(caller.admit(|| 0, now).expect("the first request"));
+        // The same key with a new limit, and a new key.
+        let text = format!("{} rpm=2\n{} rpm=1\n", key_line("stays"), key_line("new"));
+        let mut new = KeySet::parse(path, &text).expect("new");
+        assert_eq!(new.keep_counters(&old), 1);
+        let stays = new.entry("stays").expect("stays");
+        assert!(Arc::ptr_eq(stays.counters(), old.entry("stays").expect("stays").counters()));
+        let mut caller = Caller::holder(stays.clone());
+        caller.admit(|| 0, now).expect("the second of two");
+        assert!(caller.admit(|| 0, now).is_err(), "the minute was not reset by the reload");
+        let mut fresh = Caller::holder(new.entry("new").expect("new").clone());
+        assert!(fresh.admit(|| 0, now).is_ok());
+    }
+
+    #[test]
+    fn callers_see_their_models_and_get_their_headers() {
+        let text = format!("{} models=a rpm=10\n{} plain\n", key_line("limited"), key_line("plain"));
+        let set = KeySet::parse(Path::new("keys"), &text).expect("valid");
+        let mut limited = Caller::holder(set.entry("limited").expect("limited").clone());
+        assert!(limited.models().allows("a") && !limited.models().allows("b"));
+        assert!(Caller::anyone().models().allows("b"));
+        let mut headers = HeaderMap::new();
+        limited.stamp(&mut headers);
+        assert_eq!(headers["x-ratelimit-remaining-requests"], "10", "before any request: as of now");
+        let guard = limited.admit(|| unreachable!("no token limit, no estimate"), Now::current()).expect("admitted");
+        assert!(guard.is_some());
+        let mut headers = HeaderMap::new();
+        limited.stamp(&mut headers);
+        assert_eq!(headers["x-ratelimit-limit-requests"], "10");
+        assert_eq!(headers["x-ratelimit-remaining-requests"], "9");
+        assert_eq!(headers["x-ratelimit-reset-requests"], "6s");
+        assert!(headers.get("x-ratelimit-limit-tokens").is_none());
+        let mut plain = Caller::holder(set.entry("plain").expect("plain").clone());
+        assert!(plain.admit(|| 0, Now::current()).expect("no limits").is_none());
+        let mut headers = HeaderMap::new();
+        plain.stamp(&mut headers);
+        assert!(headers.is_empty(), "a key without limits gets no rate headers");
+    }
+
+    #[test]
+    fn hash_key_writes_lines_the_gateway_reads() {
+        let args = HashKeyArgs {
+            name: Some("lab a".into()),
+            owner: Some("#1 \"fan\"".into()),
+            models: Some("llama,qwen".into()),
+            rpm: Some("60".into()),
+            budget_tokens: Some("1000/week".into()),
+            ..HashKeyArgs::default()
+        };
+        let line = args.line("secret").expect("valid options");
+        assert!(line.starts_with(&key_line("secret")), "{line}");
+        assert!(line.contains(" name=\"lab a\" ") && line.contains(" rpm=60 "), "{line}");
+        let (_, entry) = KeyEntry::parse(&line, 1).expect("it parses");
+        assert_eq!((entry.name.as_str(), entry.owner.as_deref()), ("lab a", Some("#1 \"fan\"")));
+        assert_eq!(entry.limits.budget, Some(Budget { tokens: 1000, period: Period::Week }));
+        let bad = HashKeyArgs { budget_tokens: Some("1000".into()), ..HashKeyArgs::default() };
+        let err = bad.line("secret").expect_err("no period").to_string();
+        assert!(err.starts_with("--budget-tokens '1000': expected"), "{err}");
+        let bare = HashKeyArgs::default().line("secret").expect("no options");
+        assert_eq!(bare, key_line("secret"), "no options, the bare hash as before");
     }
 }

@@ -128,6 +128,15 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub max_attempts: usize,
 
+    /// How a node is picked among those serving the model. prefix: every turn of a
+    /// conversation (same system prompt and first user message) goes to the same node, on
+    /// every gateway, so its engine reuses its KV cache; a node over 1.25x its share of the
+    /// load passes new requests to the next node in line, and requests without content go to
+    /// the least loaded. least-loaded: fewest requests in flight. p2c: the less loaded of two
+    /// random nodes.
+    #[arg(long, env = "TELA_ROUTING", default_value = "prefix", value_name = "prefix|least-loaded|p2c")]
+    pub routing: tela_core::RoutingPolicy,
+
     /// A node that has not accepted a written request within this long (a round trip, not the
     /// engine's time) is passed over and the request tried on another node.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
@@ -275,6 +284,10 @@ impl GatewayArgs {
             header_timeout: dur("header_timeout", self.header_timeout, file.header_timeout),
             body_timeout: dur("body_timeout", self.body_timeout, file.body_timeout),
             max_concurrent,
+        };
+        config.routing = match (&file.routing, given("routing")) {
+            (Some(r), false) => r.parse().map_err(|e| anyhow::anyhow!("routing in the configuration file: {e}"))?,
+            _ => self.routing,
         };
         config.proxy = ProxySettings {
             max_attempts,

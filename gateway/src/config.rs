@@ -59,6 +59,8 @@ pub struct FileConfig {
     pub shutdown_grace: Option<Dur>,
     /// `--threads`.
     pub threads: Option<usize>,
+    /// `--routing`: `prefix`, `least-loaded` or `p2c`.
+    pub routing: Option<String>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
 }
@@ -96,6 +98,11 @@ impl LoadedConfig {
                 });
             }
         }
+        if let Some(r) = &file.routing {
+            if let Err(e) = r.parse::<tela_core::RoutingPolicy>() {
+                return Err(ConfigError::Invalid { key: "routing".into(), reason: e.to_string() });
+            }
+        }
         for (key, value) in
             [("max_concurrent", file.max_concurrent), ("max_attempts", file.max_attempts), ("threads", file.threads)]
         {
@@ -111,5 +118,18 @@ impl LoadedConfig {
         }
         let spin = file.spin.as_ref().map(SpinPlan::resolve).transpose()?;
         Ok(LoadedConfig { path: PathBuf::from(origin), file, spin })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_takes_a_policy_name() {
+        let loaded = LoadedConfig::parse("routing = \"least-loaded\"\n", "test.toml").expect("valid");
+        assert_eq!(loaded.file.routing.as_deref(), Some("least-loaded"));
+        let refused = LoadedConfig::parse("routing = \"random\"\n", "test.toml").expect_err("refused");
+        assert!(refused.to_string().contains("prefix, least-loaded or p2c"), "{refused}");
     }
 }

@@ -86,13 +86,19 @@ pub struct DemoArgs {
     #[arg(long, default_value = "tela-demo")]
     pub model: String,
 
-    /// The engines' time to first token, in milliseconds.
+    /// The engines' time to first token before prefill (which their prefix cache shortens), in
+    /// milliseconds.
     #[arg(long, default_value_t = 50)]
     pub ttft_ms: u64,
 
     /// The engines' tokens per second.
     #[arg(long, default_value_t = 50.0)]
     pub tokens_per_s: f64,
+
+    /// How the gateway picks a node: prefix (a conversation stays on one node), least-loaded
+    /// or p2c (see `tela gateway --help`).
+    #[arg(long, default_value = "prefix", value_name = "prefix|least-loaded|p2c")]
+    pub routing: tela_core::RoutingPolicy,
 
     /// Show the gateway's log on the terminal (stderr) instead of writing it to gateway.log in
     /// the demo's directory.
@@ -351,6 +357,8 @@ impl DemoArgs {
         Ok(crate::logging::init_to_file(level, &dir.join("gateway.log"), TERMINAL_LOG)?)
     }
 
+    /// The engines model a prefix cache, so that a conversation's later turns get their first
+    /// token sooner on the node that served the earlier ones: what prefix affinity is for.
     fn engine_args(&self, i: u16) -> Vec<String> {
         vec![
             "engine-sim".into(),
@@ -362,6 +370,10 @@ impl DemoArgs {
             self.ttft_ms.to_string(),
             "--tokens-per-s".into(),
             self.tokens_per_s.to_string(),
+            "--kv-cache-tokens".into(),
+            crate::engine_sim::DEFAULT_KV_CACHE_TOKENS.to_string(),
+            "--prefill-us-per-token".into(),
+            crate::engine_sim::DEFAULT_PREFILL_US_PER_TOKEN.to_string(),
             "--seed".into(),
             i.to_string(),
         ]
@@ -384,6 +396,7 @@ impl DemoArgs {
         config.anchor_listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         config.auth = AuthConfig::KeyFile(keys);
         config.shutdown_grace = Duration::from_secs(5);
+        config.routing = self.routing;
         let gateway = Gateway::start(config).await?;
         let anchor = gateway.anchor_addr().to_string();
 

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tela_core::RoutingPolicy;
 use tela_runtime::anchor::{Anchor, AnchorConfig, AnchorError};
 use tela_runtime::runtime::refuse_streams;
 use tela_runtime::Runtime;
@@ -74,6 +75,8 @@ pub struct GatewayConfig {
     pub limits: Limits,
     /// Forwarding.
     pub proxy: ProxySettings,
+    /// How a node is picked among a model's candidates (default: prefix affinity).
+    pub routing: RoutingPolicy,
     /// A node connection that hears nothing for this long is closed (and the node avoided).
     pub node_idle_timeout: Duration,
     /// How long shutdown waits for open responses.
@@ -84,8 +87,8 @@ pub struct GatewayConfig {
 
 impl GatewayConfig {
     /// Defaults: API on 127.0.0.1:8080, anchor on 0.0.0.0:7000, [`AuthConfig::Open`] (the
-    /// command line insists on a key file or an explicit `--no-auth`), node idle timeout 5 s,
-    /// shutdown grace 30 s.
+    /// command line insists on a key file or an explicit `--no-auth`), prefix routing, node idle
+    /// timeout 5 s, shutdown grace 30 s.
     pub fn new(identity: Identity, join_secret: JoinSecret) -> GatewayConfig {
         GatewayConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -100,6 +103,7 @@ impl GatewayConfig {
             open_status: false,
             limits: Limits::default(),
             proxy: ProxySettings::default(),
+            routing: RoutingPolicy::default(),
             node_idle_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             spin: None,
@@ -190,6 +194,7 @@ impl Gateway {
             config.limits,
             config.proxy,
         );
+        shared.routing = config.routing;
         let stop = CancellationToken::new();
         let spin = match config.spin {
             None => None,

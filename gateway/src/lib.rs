@@ -7,10 +7,11 @@
 //!   and the OpenAI-compatible API that routes every request over one of their tunnels. Its
 //!   parts: [`service`] (paths, auth, limits), [`proxy`] (forwarding with retries before the
 //!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
-//!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed API keys,
-//!   reloaded), [`server`] (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and
-//!   [`dashboard`]. With a `[spin]` section in its configuration file ([`config`]) it also
-//!   starts serving nodes in batch jobs on demand and holds requests for them ([`spin`]).
+//!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed, named API keys,
+//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`server`]
+//!   (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and [`dashboard`]. With a
+//!   `[spin]` section in its configuration file ([`config`]) it also starts serving nodes in
+//!   batch jobs on demand and holds requests for them ([`spin`]).
 //! - [`demo`] — `tela demo`, a gateway, three nodes and three engine simulators on loopback.
 //! - [`cli`] — the flags of `tela gateway` and `tela status --gateway`.
 //! - [`engine_sim`] — `tela engine-sim`, the built-in **engine simulator**: an OpenAI-compatible
@@ -47,6 +48,7 @@ pub mod dashboard;
 pub mod demo;
 pub mod engine_sim;
 pub mod gateway;
+pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

@@ -17,9 +17,10 @@
 //! | `tela_gateway_spin_batch_errors_total` | `op` | failed batch-system calls (`submit`, `jobs`, `cancel`, `drain`) |
 //! | `tela_gateway_cold_start_queued` | `model` | requests waiting for a replica |
 //! | `tela_gateway_cold_start_wait_seconds` | `outcome` | how long requests waited (`ready`, `timeout`) |
+//! | `tela_gateway_key_refusals_total` | `key`, `limit` | requests a key's limit refused with 429 ([`crate::limits`]) |
 //!
-//! Model labels only carry names some node serves (others are counted as `unknown`), so a
-//! client cannot grow the label set without bound.
+//! Model labels only carry names some node serves (others are counted as `unknown`), and key
+//! labels only names from the key file, so a client cannot grow the label set without bound.
 
 use std::sync::Mutex;
 
@@ -83,6 +84,15 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// `key` and `limit`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLimitLabels {
+    /// The key's name in the key file.
+    pub key: String,
+    /// `requests`, `tokens`, `concurrent`, `budget` or `too_large`.
+    pub limit: String,
+}
+
 /// `state`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -121,6 +131,8 @@ pub struct Metrics {
     pub cold_start_queued: Family<ModelLabel, Gauge>,
     /// Cold-start waits.
     pub cold_start_wait: Family<OutcomeLabel, Histogram>,
+    /// Requests refused by a key's limits.
+    pub key_refusals: Family<KeyLimitLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -185,6 +197,12 @@ impl Metrics {
             "How long requests waited for a replica, by outcome",
             cold_start_wait.clone(),
         );
+        let key_refusals = Family::<KeyLimitLabels, Counter>::default();
+        registry.register(
+            "key_refusals",
+            "Requests refused by their key's limits, by key and limit",
+            key_refusals.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -201,6 +219,7 @@ impl Metrics {
             spin_batch_errors,
             cold_start_queued,
             cold_start_wait,
+            key_refusals,
         }
     }
 

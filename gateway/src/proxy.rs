@@ -1,10 +1,11 @@
 //! Forwarding one API request to a node through its tunnel, with retries before the first
 //! response byte.
 //!
-//! For each attempt: route ([`crate::routing::choose`]), count the request on the node, open a
-//! stream on the node's connection, write the [`RequestHead`] and the body (unchanged, already
-//! read and size-checked), finish the request side, wait for the node to accept it (a round
-//! trip: [`ProxySettings::accept_timeout`]; a silent node is passed over, see
+//! For each attempt: route ([`crate::routing::choose`], by the gateway's policy on the request's
+//! model and leading content), count the request on the node, open a stream on the node's
+//! connection, write the [`RequestHead`] and the body (unchanged, already read and
+//! size-checked), finish the request side, wait for the node to accept it (a round trip:
+//! [`ProxySettings::accept_timeout`]; a silent node is passed over, see
 //! [`crate::routing::Silent`]), and wait for the [`ResponseHead`]. Until
 //! that head has arrived nothing has reached the client, so any failure — the stream cannot be
 //! opened, the connection breaks, the node answers `503` because it is draining or `502`
@@ -21,14 +22,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use tela_core::{NodeId, RouteError};
+use tela_core::{NodeId, Prefix, RouteError};
 use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
 use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api_error::ApiError;
 use crate::body::{BodyEnd, GatewayBody, Held, TunnelBody};
-use crate::routing::Choice;
+use crate::routing::{Choice, Target};
 use crate::service::Shared;
 
 /// The response header naming the node that served a request.
@@ -78,12 +79,21 @@ pub struct ApiRequest {
     pub body: Bytes,
     /// Its `model`.
     pub model: String,
+    /// Its leading content, which [`RoutingPolicy::Prefix`](tela_core::RoutingPolicy) keys on.
+    pub prefix: Prefix,
     /// Its `stream`.
     pub stream: bool,
     /// When its body had been read.
     pub ready_at: Instant,
     /// Released when the response ends (the concurrency permit).
     pub held: Vec<Held>,
+}
+
+impl ApiRequest {
+    /// What routing is asked for this request.
+    pub fn target(&self) -> Target<'_> {
+        Target { model: &self.model, prefix: &self.prefix }
+    }
 }
 
 /// The request head sent into the tunnel: method, path and the end-to-end headers.
@@ -112,7 +122,15 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
     while tried.len() < shared.proxy.max_attempts {
         let snapshot = view.snapshot();
         let routing_started = Instant::now();
-        let choice = crate::routing::choose(&view, &snapshot, &shared.load, &shared.silent, &request.model, &tried);
+        let choice = crate::routing::choose(
+            &view,
+            &snapshot,
+            &shared.load,
+            &shared.silent,
+            shared.routing,
+            request.target(),
+            &tried,
+        );
         shared.metrics.routing.observe(routing_started.elapsed().as_secs_f64());
         let choice = match choice {
             Ok(c) => c,
@@ -212,9 +230,16 @@ async fn attempt(shared: &Shared, choice: &Choice, request: &ApiRequest, tried: 
             // take the next requests; this one moves on too if anyone else can take it.
             shared.silent.mark(choice.node, conn);
             let view = shared.anchor_view();
-            let elsewhere =
-                crate::routing::choose(&view, &view.snapshot(), &shared.load, &shared.silent, &request.model, tried)
-                    .is_ok();
+            let elsewhere = crate::routing::choose(
+                &view,
+                &view.snapshot(),
+                &shared.load,
+                &shared.silent,
+                shared.routing,
+                request.target(),
+                tried,
+            )
+            .is_ok();
             if elsewhere && tried.len() < shared.proxy.max_attempts {
                 watch_late_acceptance(shared.silent.clone(), choice.node, conn.clone(), recv);
                 return Err(Failure {

@@ -1,7 +1,9 @@
-//! Choosing the node for a request: the core's decision ([`tela_core::route`]) over the
-//! anchor's latest registry snapshot, with what only this gateway knows — which nodes have a
-//! live tunnel connection here, which were already tried for this request, and how many
-//! requests this gateway has in flight on each.
+//! Choosing the node for a request: the core's decision ([`tela_core::route_with`], by the
+//! gateway's [`RoutingPolicy`]) over the anchor's latest registry snapshot, with what only this
+//! gateway knows — which nodes have a live tunnel connection here, which were already tried for
+//! this request, and how many requests this gateway has in flight on each — and what the
+//! request itself says: its leading content, read into a [`Prefix`] while its body is parsed
+//! ([`Messages`], [`Prompt`]).
 //!
 //! A node is usable when the snapshot lists it as routable for the model (alive, SERVE — so a
 //! draining node is skipped the moment its DOWN reaches this gateway), it has a connection to
@@ -11,7 +13,12 @@
 //! picked at once, before any gossip says so.
 //!
 //! In-flight counts are this gateway's own: a [`NodeGuard`] per forwarded request, held by the
-//! response body until it ends on any path (see [`crate::body`]).
+//! response body until it ends on any path (see [`crate::body`]). They are the load the policy
+//! balances.
+//!
+//! Reading the prefix never refuses a request: a `messages` or `prompt` of an unexpected shape
+//! simply has no content to key on (the engine judges it, as before), and only the bounded head
+//! the core hashes is kept — the rest of a huge body is skipped as it is parsed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,7 +26,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use tela_core::{NodeId, RouteError};
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use tela_core::routing::MESSAGE_BYTES;
+use tela_core::{NodeId, Prefix, PrefixHasher, RouteError, RoutingPolicy};
 use tela_runtime::status::RegistrySnapshot;
 use tela_runtime::RuntimeView;
 use tela_transports::Connection;
@@ -121,36 +130,55 @@ pub struct Choice {
     pub connection: Connection,
 }
 
-/// Picks a node for `model` that is not in `tried`; see the module docs.
+/// What a request asks of routing.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    /// Its model.
+    pub model: &'a str,
+    /// Its leading content.
+    pub prefix: &'a Prefix,
+}
+
+/// Picks a node for `target` by `policy` that is not in `tried`; see the module docs.
 pub fn choose(
     view: &RuntimeView,
     snapshot: &RegistrySnapshot,
     load: &NodeLoad,
     silent: &Silent,
-    model: &str,
+    policy: RoutingPolicy,
+    target: Target<'_>,
     tried: &[NodeId],
 ) -> Result<Choice, RouteError> {
-    let mut connections: Vec<(NodeId, Connection)> = Vec::new();
+    // Prefix and least-loaded ask about every host: a map keeps that linear.
+    let mut connections: HashMap<NodeId, Connection> = HashMap::new();
     let mut usable = |id: NodeId| {
         if tried.contains(&id) {
             return false;
         }
-        if connections.iter().any(|(n, _)| *n == id) {
+        if connections.contains_key(&id) {
             return true;
         }
         match view.connection(&id) {
             Some(conn) if conn.close_reason().is_none() && !silent.is_silent(&id, &conn) => {
-                connections.push((id, conn));
+                connections.insert(id, conn);
                 true
             }
             _ => false,
         }
     };
-    let node = tela_core::route(snapshot.replica(), model, &mut usable, |id| load.get(&id), &mut rand::rng())?;
-    let connection = match connections.into_iter().find(|(n, _)| *n == node) {
-        Some((_, c)) => c,
-        // `route` only returns nodes it found usable, which cached their connection.
-        None => view.connection(&node).ok_or(RouteError::NoCapacity { model: model.to_string(), hosts: 0 })?,
+    let node = tela_core::route_with(
+        policy,
+        snapshot.replica(),
+        target.model,
+        target.prefix,
+        &mut usable,
+        |id| load.get(&id),
+        &mut rand::rng(),
+    )?;
+    let connection = match connections.remove(&node) {
+        Some(c) => c,
+        // The core only returns nodes it found usable, which cached their connection.
+        None => view.connection(&node).ok_or(RouteError::NoCapacity { model: target.model.to_string(), hosts: 0 })?,
     };
     Ok(Choice { node, connection })
 }
@@ -161,4 +189,388 @@ pub fn models(snapshot: &RegistrySnapshot) -> Vec<String> {
     names.sort();
     names.dedup();
     names
+}
+
+/// A chat request's `messages`, read only as far as [`Prefix`] needs: each message's role and
+/// text (a multi-part content's text parts and image URLs, in order), up to the end of the head.
+pub struct Messages(pub Prefix);
+
+/// A completions request's `prompt` (text, texts, or token ids), read likewise.
+pub struct Prompt(pub Prefix);
+
+/// Visitor methods that accept a JSON shape routing cannot use, skipping it: `$value` is what
+/// such a shape reads as. Each kind named is one of `scalars`, `str`, `seq`, `map`.
+macro_rules! skip_shapes {
+    ($value:expr; $($kind:ident),*) => { $( skip_shapes!(@$kind $value); )* };
+    (@scalars $value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($value) }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@str $value:expr) => {
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($value) }
+    };
+    (@seq $value:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($value)
+        }
+    };
+    (@map $value:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($value)
+        }
+    };
+}
+
+/// Appends `text` to `out`, keeping at most [`MESSAGE_BYTES`] in all (the core takes no more).
+fn append_bounded(out: &mut Vec<u8>, text: &[u8]) {
+    let room = MESSAGE_BYTES.saturating_sub(out.len());
+    out.extend_from_slice(&text[..text.len().min(room)]);
+}
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Messages, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Prefix;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prefix, A::Error> {
+                let mut hasher = PrefixHasher::new();
+                while hasher.wants_more() {
+                    match seq.next_element::<Message>()? {
+                        Some(Message(Some((role, content)))) => {
+                            hasher.message(&role, &content);
+                        }
+                        Some(Message(None)) => {}
+                        None => return Ok(hasher.finish()),
+                    }
+                }
+                // Past the head: later messages cannot change the choice.
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(hasher.finish())
+            }
+            skip_shapes!(Prefix::default(); scalars, str, map);
+        }
+        deserializer.deserialize_any(V).map(Messages)
+    }
+}
+
+/// One message's role and text; `None` when it is not an object.
+struct Message(Option<(String, Vec<u8>)>);
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Message, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<(String, Vec<u8>)>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a message")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let (mut role, mut content) = (String::new(), Vec::new());
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Role => role = String::from_utf8_lossy(&map.next_value::<Text>()?.0).into_owned(),
+                        Key::Content => content = map.next_value::<Content>()?.0,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Some((role, content)))
+            }
+            skip_shapes!(None; scalars, str, seq);
+        }
+        deserializer.deserialize_any(V).map(Message)
+    }
+}
+
+/// The keys of a message or a content part that routing reads.
+enum Key {
+    Role,
+    Content,
+    Text,
+    ImageUrl,
+    Url,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Key, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+                Ok(match key {
+                    "role" => Key::Role,
+                    "content" => Key::Content,
+                    "text" => Key::Text,
+                    "image_url" => Key::ImageUrl,
+                    "url" => Key::Url,
+                    _ => Key::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(V)
+    }
+}
+
+/// A string's first [`MESSAGE_BYTES`]; empty when it is not a string.
+struct Text(Vec<u8>);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Text, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+                let mut out = Vec::new();
+                append_bounded(&mut out, text.as_bytes());
+                Ok(out)
+            }
+            skip_shapes!(Vec::new(); scalars, seq, map);
+        }
+        deserializer.deserialize_any(V).map(Text)
+    }
+}
+
+/// A message's content: a string, or the text parts and image URLs of a list of parts.
+struct Content(Vec<u8>);
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Content, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a message content")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+                let mut out = Vec::new();
+                append_bounded(&mut out, text.as_bytes());
+                Ok(out)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while out.len() < MESSAGE_BYTES {
+                    match seq.next_element::<Part>()? {
+                        Some(part) => append_bounded(&mut out, &part.0),
+                        None => return Ok(out),
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(out)
+            }
+            skip_shapes!(Vec::new(); scalars, map);
+        }
+        deserializer.deserialize_any(V).map(Content)
+    }
+}
+
+/// One content part: its `text`, or its `image_url` (a string or `{"url": ...}`).
+struct Part(Vec<u8>);
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Part, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a content part")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Text | Key::ImageUrl | Key::Url => append_bounded(&mut out, &map.next_value::<Part>()?.0),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+                let mut out = Vec::new();
+                append_bounded(&mut out, text.as_bytes());
+                Ok(out)
+            }
+            skip_shapes!(Vec::new(); scalars, seq);
+        }
+        deserializer.deserialize_any(V).map(Part)
+    }
+}
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Prompt, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Prefix;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a prompt")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Prefix, E> {
+                Ok(Prefix::of_prompt(text.as_bytes()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prefix, A::Error> {
+                // A list of texts or token lists (pieces), or one prompt as token ids.
+                let mut hasher = PrefixHasher::new();
+                let mut tokens = Vec::new();
+                while hasher.wants_more() && tokens.len() < MESSAGE_BYTES {
+                    match seq.next_element::<Piece>()? {
+                        Some(Piece::Token(t)) => tokens.extend_from_slice(&t.to_le_bytes()),
+                        Some(Piece::Bytes(piece)) => {
+                            hasher.prompt(&piece);
+                        }
+                        Some(Piece::Other) => {}
+                        None => break,
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                if !tokens.is_empty() {
+                    hasher.prompt(&tokens);
+                }
+                Ok(hasher.finish())
+            }
+            skip_shapes!(Prefix::default(); scalars, map);
+        }
+        deserializer.deserialize_any(V).map(Prompt)
+    }
+}
+
+/// An element of a prompt list.
+enum Piece {
+    /// A text, or a token list as little-endian `u32`s.
+    Bytes(Vec<u8>),
+    /// A token id.
+    Token(u32),
+    /// Anything else.
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Piece {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Piece, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Piece;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a prompt text or token")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Piece, E> {
+                let mut out = Vec::new();
+                append_bounded(&mut out, text.as_bytes());
+                Ok(Piece::Bytes(out))
+            }
+            fn visit_u64<E: de::Error>(self, token: u64) -> Result<Piece, E> {
+                Ok(Piece::Token(token as u32))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Piece, A::Error> {
+                let mut out = Vec::new();
+                while let Some(piece) = seq.next_element::<Piece>()? {
+                    if let (Piece::Token(t), true) = (piece, out.len() < MESSAGE_BYTES) {
+                        out.extend_from_slice(&t.to_le_bytes());
+                    }
+                }
+                Ok(Piece::Bytes(out))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Piece, E> {
+                Ok(Piece::Other)
+            }
+            skip_shapes!(Piece::Other; map);
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(json: &str) -> Prefix {
+        serde_json::from_str::<Messages>(json).expect("any JSON reads").0
+    }
+
+    fn prompt(json: &str) -> Prefix {
+        serde_json::from_str::<Prompt>(json).expect("any JSON reads").0
+    }
+
+    fn of(pairs: &[(&str, &str)]) -> Prefix {
+        Prefix::of_messages(pairs.iter().map(|(r, c)| (*r, c.as_bytes())))
+    }
+
+    #[test]
+    fn messages_read_as_the_core_hashes_them() {
+        let head = of(&[("system", "Be brief."), ("user", "Hi\n\"there\"")]);
+        let json = r#"[{"role":"system","content":"Be brief."},{"content":"Hi\n\"there\"","role":"user","name":"x"},
+                       {"role":"assistant","content":null,"tool_calls":[{"id":"1"}]},{"role":"user","content":"more"}]"#;
+        assert_eq!(messages(json), head, "field order, escapes, extra keys and later turns do not matter");
+        let parts = r#"[{"role":"system","content":"Be brief."},
+                        {"role":"user","content":[{"type":"text","text":"Hi\n"},{"type":"text","text":"\"there\""}]}]"#;
+        assert_eq!(messages(parts), head, "text parts concatenate");
+        let image = r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:a"}},{"type":"text","text":"what?"}]}]"#;
+        assert_eq!(messages(image), of(&[("user", "data:awhat?")]));
+    }
+
+    #[test]
+    fn odd_shapes_read_as_no_content_and_never_fail() {
+        for json in ["null", "\"hello\"", "5", "true", "{}", r#"{"role":"user"}"#, "[]", "[1, null, \"x\", []]"] {
+            assert_eq!(messages(json).key(), None, "{json}");
+        }
+        for json in ["null", "5", "{}", "[]", "[{}, true]", "\"\""] {
+            assert_eq!(prompt(json).key(), None, "{json}");
+        }
+        // A message of an odd shape is skipped; the well-formed ones still count.
+        let mixed = r#"[7, {"role": 5, "content": {"x": 1}}, {"role": "user", "content": "hi"}]"#;
+        assert_eq!(messages(mixed).key(), of(&[("", ""), ("user", "hi")]).key());
+    }
+
+    #[test]
+    fn prompts_read_as_text_texts_or_tokens() {
+        let text = "x".repeat(1000);
+        assert_eq!(prompt(&format!("\"{text}\"")), Prefix::of_prompt(text.as_bytes()));
+        assert_eq!(prompt(&format!("[\"{text}\", \"y\"]")).key(), Prefix::of_prompt(text.as_bytes()).key());
+        let tokens = prompt("[1, 2, 3]");
+        assert_eq!(tokens.key(), prompt("[[1, 2, 3]]").key());
+        assert_ne!(tokens.key(), prompt("[1, 2, 4]").key());
+        assert!(tokens.key().is_some());
+    }
+
+    #[test]
+    fn a_huge_body_is_read_and_keyed_by_its_bounded_head() {
+        let huge = "word ".repeat(400_000);
+        let json = format!(r#"[{{"role":"system","content":"{huge}"}},{{"role":"user","content":"q"}}]"#);
+        let capped = &huge[..MESSAGE_BYTES];
+        assert_eq!(messages(&json), of(&[("system", capped), ("user", "q")]));
+        let many = format!("[{}]", vec![r#"{"role":"system","content":"s"}"#; 100_000].join(","));
+        assert!(messages(&many).blocks().len() <= tela_core::routing::MAX_BLOCKS);
+    }
 }

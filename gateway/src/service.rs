@@ -12,7 +12,12 @@
 //!
 //! Order of checks for an API request: the key (401), the concurrency limit (429), the declared
 //! and then the actual body size (413) and the body's arrival time (408), the JSON and its
-//! `model` (400), then routing (404 for a model nobody serves, 503 when no node can take it).
+//! `model` (400), whether the key may use that model (the same 404 as a model nobody serves,
+//! listing only the key's models) and the key's own limits (429, [`crate::limits`]), then
+//! routing (404 for a model nobody serves, 503 when no node can take it). Every `/v1/` response
+//! to a key with rate limits carries OpenAI's `x-ratelimit-*` headers; a key limited to some
+//! models sees only those in `/v1/models`, and may not read `/status` or `/metrics` (403),
+//! which name every model.
 //! A request for a spinnable model with no usable replica first waits in the cold-start queue
 //! ([`crate::spin::cold_start`]): 503 with `Retry-After` when no replica came in time, 429 when
 //! the queue is full.
@@ -27,11 +32,12 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
+use tela_core::RoutingPolicy;
 use tela_runtime::RuntimeView;
 use tokio::sync::Semaphore;
 
 use crate::api_error::ApiError;
-use crate::auth::Access;
+use crate::auth::{Access, Caller, ModelScope};
 use crate::body::{GatewayBody, Held};
 use crate::metrics::Metrics;
 use crate::proxy::{ApiRequest, ProxySettings};
@@ -66,6 +72,8 @@ pub struct Shared {
     pub(crate) view: RuntimeView,
     pub(crate) load: NodeLoad,
     pub(crate) silent: crate::routing::Silent,
+    /// How a node is picked among a model's candidates.
+    pub(crate) routing: RoutingPolicy,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) access: Access,
     pub(crate) open_status: bool,
@@ -90,6 +98,7 @@ impl Shared {
         Shared {
             load: NodeLoad::new(metrics.in_flight.clone()),
             silent: crate::routing::Silent::default(),
+            routing: RoutingPolicy::default(),
             view,
             metrics,
             access,
@@ -119,6 +128,12 @@ struct Peek<'a> {
     model: Option<std::borrow::Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    /// A chat request's messages, read into the [`Prefix`](tela_core::Prefix) routing keys on.
+    #[serde(default)]
+    messages: Option<crate::routing::Messages>,
+    /// A completions request's prompt, likewise.
+    #[serde(default)]
+    prompt: Option<crate::routing::Prompt>,
 }
 
 /// Serves one request.
@@ -138,19 +153,23 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
         },
         (p, m) if p.starts_with("/v1/") => match authorize(&shared, &request) {
             Err(e) => shared.answer_error(e, "-"),
-            Ok(()) => match (p, m) {
-                ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", &Method::POST) => {
-                    api(&shared, request).await
-                }
-                ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", _) => {
-                    ApiError::method_not_allowed(m, p, "POST").into_response()
-                }
-                ("/v1/models", &Method::GET) => crate::status::models(&shared),
-                (p, &Method::GET) if p.starts_with("/v1/models/") => {
-                    crate::status::model(&shared, &p["/v1/models/".len()..])
-                }
-                _ => ApiError::no_such_path(m, p).into_response(),
-            },
+            Ok(mut caller) => {
+                let mut response = match (p, m) {
+                    ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", &Method::POST) => {
+                        api(&shared, request, &mut caller).await
+                    }
+                    ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", _) => {
+                        ApiError::method_not_allowed(m, p, "POST").into_response()
+                    }
+                    ("/v1/models", &Method::GET) => models_for(&shared, &caller),
+                    (p, &Method::GET) if p.starts_with("/v1/models/") => {
+                        model_for(&shared, &caller, &p["/v1/models/".len()..])
+                    }
+                    _ => ApiError::no_such_path(m, p).into_response(),
+                };
+                caller.stamp(response.headers_mut());
+                response
+            }
         },
         ("/" | "/health" | "/status" | "/metrics", m) => ApiError::method_not_allowed(m, &path, "GET").into_response(),
         (p, m) => ApiError::no_such_path(m, p).into_response(),
@@ -158,7 +177,7 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
     Ok(response)
 }
 
-fn authorize(shared: &Shared, request: &Request<Incoming>) -> Result<(), ApiError> {
+fn authorize(shared: &Shared, request: &Request<Incoming>) -> Result<Caller, ApiError> {
     let headers = request.headers();
     shared
         .access
@@ -170,7 +189,14 @@ fn authorize_status(shared: &Shared, request: &Request<Incoming>) -> Result<(), 
     if shared.open_status {
         return Ok(());
     }
-    authorize(shared, request)
+    match authorize(shared, request)?.models() {
+        ModelScope::All => Ok(()),
+        // The federation's page names every model, which such a key must not learn.
+        ModelScope::Only(_) => Err(ApiError::forbidden(
+            "this key may use only some models, and the status of the federation names them all; \
+             use a key with models=* (or ask the operator for --open-status)",
+        )),
+    }
 }
 
 fn metrics(shared: &Shared) -> Response<GatewayBody> {
@@ -183,7 +209,7 @@ fn metrics(shared: &Shared) -> Response<GatewayBody> {
 }
 
 /// An inference request: limits, the cheap parse, then forwarding.
-async fn api(shared: &Shared, request: Request<Incoming>) -> Response<GatewayBody> {
+async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -> Response<GatewayBody> {
     let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
         return shared.answer_error(ApiError::overloaded(shared.limits.max_concurrent), "-");
     };
@@ -211,8 +237,20 @@ async fn api(shared: &Shared, request: Request<Incoming>) -> Response<GatewayBod
         return shared
             .answer_error(ApiError::bad_param("model", "the request has no 'model'; name one of GET /v1/models"), "-");
     };
+    let key_guard = match admit_key(shared, caller, &model, parts.uri.path(), &body) {
+        Ok(guard) => guard,
+        Err(refused) => return *refused,
+    };
     let stream = peek.stream.unwrap_or(false);
+    // Messages win over a prompt; a request with neither keys on nothing (least-loaded).
+    let prefix = [peek.messages.map(|m| m.0), peek.prompt.map(|p| p.0)]
+        .into_iter()
+        .flatten()
+        .find(|p| p.key().is_some())
+        .unwrap_or_default();
     let mut held: Vec<Held> = vec![Box::new(permit)];
+    let settlement = key_guard.as_ref().map(|g| g.settlement());
+    held.extend(key_guard.map(|g| Box::new(g) as Held));
     if let Some(spin) = shared.spin.as_ref().filter(|s| s.is_spinnable(&model)) {
         if let Err(e) = crate::spin::cold_start::admit(shared, spin, &model).await {
             return shared.answer_error(e, &model);
@@ -222,9 +260,15 @@ async fn api(shared: &Shared, request: Request<Incoming>) -> Response<GatewayBod
         }
     }
     let model_name = model.clone();
-    let request = ApiRequest { head: crate::proxy::tunnel_head(&parts), body, model, stream, ready_at, held };
+    let request = ApiRequest { head: crate::proxy::tunnel_head(&parts), body, model, prefix, stream, ready_at, held };
     let routed_at = Instant::now();
     let response = crate::proxy::forward(shared, request).await;
+    if let Some(settlement) = settlement {
+        // A node answered: the key's tokens are spent (they are refunded otherwise).
+        if response.status().is_success() && matches!(response.body(), GatewayBody::Tunnel(_)) {
+            settlement.answered();
+        }
+    }
     if let Some(spin) = &shared.spin {
         spin.demand.first_byte(&model_name, routed_at.elapsed());
     }
@@ -240,5 +284,80 @@ async fn read_body(body: Incoming, max: usize, timeout: Duration) -> Result<Byte
             status: StatusCode::BAD_REQUEST,
             ..ApiError::bad_request("body_read_failed", format!("the request body could not be read: {e}"))
         }),
+    }
+}
+
+/// A key's checks on an inference request for `model`: the key may use the model (else the
+/// same 404 as a model nobody serves, naming only the key's models) and is within its limits
+/// (else 429). Gives the guard the response must hold, if the key has limits.
+fn admit_key(
+    shared: &Shared,
+    caller: &mut Caller,
+    model: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<Option<crate::limits::KeyGuard>, Box<Response<GatewayBody>>> {
+    let scope = caller.models();
+    if let ModelScope::Only(_) = scope {
+        let served = crate::routing::models(&shared.view.snapshot());
+        let spinnable = shared.spin.as_ref().is_some_and(|s| s.is_spinnable(model));
+        if !scope.allows(model) || !(spinnable || served.iter().any(|m| m == model)) {
+            let visible: Vec<String> = served.into_iter().filter(|m| scope.allows(m)).collect();
+            return Err(Box::new(shared.answer_error(ApiError::unknown_model(model, &visible), "unknown")));
+        }
+    }
+    caller.admit(|| crate::limits::estimate_tokens(path, body), crate::limits::Now::current()).map_err(|refusal| {
+        let key = caller.entry().map_or_else(String::new, |e| e.name.clone());
+        let labels = crate::metrics::KeyLimitLabels { key, limit: refusal.limit.to_string() };
+        shared.metrics.key_refusals.get_or_create(&labels).inc();
+        Box::new(shared.answer_error(refusal.error, "-"))
+    })
+}
+
+/// The models `scope` may see: those some routable node serves, and the spinnable ones.
+fn models_in_scope(shared: &Shared, scope: &ModelScope) -> Vec<String> {
+    let mut names = crate::routing::models(&shared.view.snapshot());
+    if let Some(spin) = &shared.spin {
+        names.extend(spin.models().cloned());
+        names.sort();
+        names.dedup();
+    }
+    names.retain(|m| scope.allows(m));
+    names
+}
+
+fn model_object(name: &str) -> serde_json::Value {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    serde_json::json!({"id": name, "object": "model", "created": created, "owned_by": "tela"})
+}
+
+fn json_response(value: &serde_json::Value) -> Response<GatewayBody> {
+    let mut response = Response::new(GatewayBody::full(value.to_string()));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `GET /v1/models`, listing only the models the caller's key may use.
+fn models_for(shared: &Shared, caller: &Caller) -> Response<GatewayBody> {
+    let scope = caller.models();
+    if let ModelScope::All = scope {
+        return crate::status::models(shared);
+    }
+    let data: Vec<serde_json::Value> = models_in_scope(shared, scope).iter().map(|m| model_object(m)).collect();
+    shared.metrics.count("-", 200);
+    json_response(&serde_json::json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: a model the caller's key may not use is not found, as at OpenAI.
+fn model_for(shared: &Shared, caller: &Caller, id: &str) -> Response<GatewayBody> {
+    let scope = caller.models();
+    if let ModelScope::All = scope {
+        return crate::status::model(shared, id);
+    }
+    let known = models_in_scope(shared, scope);
+    if known.iter().any(|m| m == id) {
+        json_response(&model_object(id))
+    } else {
+        shared.answer_error(ApiError::unknown_model(id, &known), "unknown")
     }
 }

@@ -4,7 +4,8 @@
 //! `/status` lists every node in this gateway's registry replica:
 //!
 //! ```json
-//! {"gateway": {"id": "…", "short": "…", "generation": 1, "state": "SERVE", "uptime_s": 12},
+//! {"gateway": {"id": "…", "short": "…", "generation": 1, "state": "SERVE", "uptime_s": 12,
+//!              "routing": "prefix"},
 //!  "models": ["llama"],
 //!  "nodes": [{"id": "…", "short": "1a2b3c4d", "role": "serving", "state": "SERVE",
 //!             "generation": 1733, "models": ["llama"], "alive": true, "routable": true,
@@ -12,7 +13,9 @@
 //!             "gpus": {"model": "H100", "count": 4, "vram_mib": 81920}, "reach": "outbound-only"}]}
 //! ```
 //!
-//! `in_flight` is this gateway's count; `reported_in_flight` what the node last gossiped.
+//! `routing` is the policy that picks among a model's nodes (`--routing`); `in_flight` is this
+//! gateway's count, the load that policy balances; `reported_in_flight` what the node last
+//! gossiped.
 //!
 //! A gateway that spins models adds `spin` ([`crate::spin::SpinShared::status_json`]):
 //!
@@ -104,6 +107,7 @@ pub fn status_json(shared: &Shared) -> Value {
             "generation": local.generation,
             "state": local.state.as_str(),
             "uptime_s": shared.started.elapsed().as_secs(),
+            "routing": shared.routing.as_str(),
         },
         "models": crate::routing::models(&snapshot),
         "nodes": nodes,
@@ -167,11 +171,12 @@ pub fn model(shared: &Shared, id: &str) -> Response<GatewayBody> {
 pub fn format_table(status: &Value) -> String {
     let g = &status["gateway"];
     let mut out = format!(
-        "gateway {} generation {} {}, up {}s; models: {}\n",
+        "gateway {} generation {} {}, up {}s, routing {}; models: {}\n",
         g["short"].as_str().unwrap_or("?"),
         g["generation"],
         g["state"].as_str().unwrap_or("?"),
         g["uptime_s"],
+        g["routing"].as_str().unwrap_or("?"),
         status["models"].as_array().map_or(String::new(), |m| m
             .iter()
             .filter_map(Value::as_str)

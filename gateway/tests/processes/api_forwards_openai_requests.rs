@@ -15,7 +15,10 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_is_forwarded_and_answered_in_openai_shape() {
     within(90, async {
-        let fed = Fed::start(Options::default()).await;
+        // Random choice, so that identical requests spread over both nodes: prefix routing, the
+        // default, keeps them on one (conversations_stay_on_one_node checks that).
+        let fed =
+            Fed::start(Options { tune: |c| c.routing = tela_core::RoutingPolicy::P2c, ..Options::default() }).await;
         let base = fed.base();
 
         let models = call(&base, "GET", "/v1/models", Some(KEY), None).await;

@@ -9,10 +9,15 @@ use tela_gateway::engine_sim::FailMode;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_move_to_a_healthy_node_when_one_fails_before_answering() {
     within(90, async {
-        // Node 0's engine drops every request (the node answers 502), node 1 is healthy.
-        let fed =
-            Fed::start(Options { engines: vec![failing(FailMode::Drop), engine(&[MODEL])], ..Options::default() })
-                .await;
+        // Node 0's engine drops every request (the node answers 502), node 1 is healthy. Random
+        // choice sends identical requests to both; under prefix routing, the default, they would
+        // all go where their prefix ranks first (conversations_stay_on_one_node covers that).
+        let fed = Fed::start(Options {
+            engines: vec![failing(FailMode::Drop), engine(&[MODEL])],
+            tune: |c| c.routing = tela_core::RoutingPolicy::P2c,
+            ..Options::default()
+        })
+        .await;
         let base = fed.base();
         let healthy = fed.nodes[1].id.to_string();
         for i in 0..12 {

@@ -16,6 +16,7 @@ mod slurm_env;
 
 mod admission_refusals_say_why;
 mod api_forwards_openai_requests;
+mod conversations_stay_on_one_node;
 mod dashboard_renders_in_chromium;
 mod demo_runs_a_federation_and_stops_cleanly;
 mod draining_nodes_finish_streams_and_get_no_new_requests;
@@ -29,6 +30,7 @@ mod federation_forms_over_tcp_fallback;
 mod gateway_memory_stays_small;
 mod gateways_survive_each_other;
 mod in_flight_counts_end_on_every_path;
+mod keys_have_limits_with_openai_rate_headers;
 mod killed_nodes_are_avoided_at_once;
 mod openai_sdk_end_to_end;
 mod real_engine_llama_cpp;

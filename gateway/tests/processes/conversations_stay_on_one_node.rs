@@ -1,0 +1,280 @@
+//! Prefix affinity, the default routing: every turn of a conversation goes to the node that
+//! served its first turn (`x-tela-node` stays the same), different conversations spread over
+//! the nodes, and two gateways given the same conversation pick the same node — with no state
+//! shared between them: the node is the one the documented rule ranks first for the
+//! conversation's head, which the tests compute themselves. A conversation whose first node
+//! fails moves, every turn, to its next-ranked node. Requests routing cannot key on (no
+//! messages, odd shapes, a huge message) are answered as before.
+
+use crate::common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+use tela_core::routing::rendezvous_weight;
+use tela_core::{NodeId, Prefix};
+use tela_gateway::engine_sim::FailMode;
+
+/// The next turn's body: `messages` so far plus a new user message.
+fn turn(messages: &mut Vec<Value>, question: &str) -> Value {
+    messages.push(json!({"role": "user", "content": question}));
+    json!({"model": MODEL, "messages": messages, "max_tokens": 6})
+}
+
+/// Sends the next turn of a conversation to `base`; records the answer in `messages` and
+/// returns the node that served it.
+async fn next_turn(base: &str, messages: &mut Vec<Value>, question: &str) -> String {
+    let reply = post(base, "/v1/chat/completions", turn(messages, question)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer = reply.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+    messages.push(json!({"role": "assistant", "content": answer}));
+    reply.header("x-tela-node").expect("x-tela-node")
+}
+
+const SYSTEM: &str = "You are a patient tutor. Answer in one short paragraph.";
+
+/// A conversation's opening: one shared system prompt, its own first question.
+fn opening(i: usize) -> (Vec<Value>, String) {
+    (vec![json!({"role": "system", "content": SYSTEM})], format!("Conversation {i}: explain topic number {i} to me."))
+}
+
+/// The nodes in the order the documented rule ranks them for conversation `i` (highest
+/// rendezvous weight of its head's key first), as short ids.
+fn ranking(fed: &Fed, i: usize) -> Vec<String> {
+    let (_, first) = opening(i);
+    let head = Prefix::of_messages([("system", SYSTEM.as_bytes()), ("user", first.as_bytes())]);
+    let key = head.key().expect("a head with content has a key");
+    let mut ids: Vec<NodeId> = fed.nodes.iter().map(|n| n.id).collect();
+    ids.sort_by_key(|id| std::cmp::Reverse(rendezvous_weight(key, id)));
+    ids.iter().map(NodeId::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_turn_of_a_conversation_goes_to_one_node_and_conversations_spread() {
+    within(120, async {
+        let fed =
+            Fed::start(Options { engines: (0..4).map(|_| engine(&[MODEL])).collect(), ..Options::default() }).await;
+        let base = fed.base();
+        let status = call(&base, "GET", "/status", Some(KEY), None).await.json();
+        assert_eq!(status["gateway"]["routing"], "prefix", "prefix affinity is the default: {status:#}");
+
+        let mut conversations: Vec<(Vec<Value>, String)> = (0..12).map(opening).collect();
+        let mut nodes: Vec<String> = Vec::new();
+        for (messages, first) in conversations.iter_mut() {
+            nodes.push(next_turn(&base, messages, first).await);
+        }
+        // Later turns, interleaved across conversations as concurrent users would send them.
+        for round in 1..4 {
+            for (i, (messages, _)) in conversations.iter_mut().enumerate() {
+                let node = next_turn(&base, messages, &format!("Tell me more, part {round}.")).await;
+                assert_eq!(node, nodes[i], "conversation {i} moved at turn {round}");
+            }
+        }
+        // Idle nodes are all within the load bound: each conversation is where the rule ranks
+        // it first, which anyone can compute from its head and the node ids.
+        for (i, node) in nodes.iter().enumerate() {
+            assert_eq!(*node, ranking(&fed, i)[0], "conversation {i} is not on its first-ranked node");
+        }
+        let used: HashSet<&String> = nodes.iter().collect();
+        assert!(used.len() > 1, "12 conversations all went to one node: {nodes:?}");
+        for node in &used {
+            assert!(fed.node_index(node).is_some(), "x-tela-node {node} names one of the nodes");
+        }
+
+        // A streamed turn keeps the node too.
+        let (messages, _) = &mut conversations[0];
+        let body = turn(messages, "And once more, streamed.");
+        let started = Instant::now();
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let response = send(&base, "POST", "/v1/chat/completions", Some(KEY), Some(streamed.to_string())).await;
+        let s = read_stream(response, started).await;
+        assert_eq!(s.status, 200, "{}", s.text());
+        assert_eq!(s.node(), nodes[0], "the streamed turn moved");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_routing_cannot_key_on_are_answered_as_before() {
+    within(60, async {
+        let fed =
+            Fed::start(Options { engines: (0..3).map(|_| engine(&[MODEL])).collect(), ..Options::default() }).await;
+        let base = fed.base();
+        let engine = format!("http://{}", fed.engines[0].local_addr());
+        // Shapes the gateway does not judge go to a node, which answers as it would directly.
+        for body in [
+            json!({"model": MODEL, "max_tokens": 4}),
+            json!({"model": MODEL, "messages": [], "max_tokens": 4}),
+            json!({"model": MODEL, "messages": "hello", "max_tokens": 4}),
+            json!({"model": MODEL, "messages": [7, null, {"role": 5, "content": {"x": 1}}], "max_tokens": 4}),
+            json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+        ] {
+            let through = post(&base, "/v1/chat/completions", body.clone()).await;
+            let direct = call(&engine, "POST", "/v1/chat/completions", None, Some(body.clone())).await;
+            assert_eq!(through.status, direct.status, "{body}: {} vs {}", through.text(), direct.text());
+            if direct.status != 200 {
+                assert_eq!(through.json()["error"]["code"], direct.json()["error"]["code"], "{body}");
+            }
+        }
+        // A model nobody serves: 404 in OpenAI's shape, naming the served ones.
+        let unknown = post(&base, "/v1/chat/completions", chat("gpt-unknown", false, 4)).await;
+        assert_eq!(unknown.status, 404, "{}", unknown.text());
+        assert_eq!(unknown.json()["error"]["code"], "model_not_found");
+        assert!(unknown.json()["error"]["message"].as_str().is_some_and(|m| m.contains(MODEL)));
+
+        // A first message far beyond what routing hashes is served, and its conversation keeps
+        // its node. (Megabyte bodies are covered by the gateway's unit tests: the simulated
+        // engine would spend minutes on their prefill.)
+        let huge = "All work and no play makes a dull node. ".repeat(1_000);
+        assert!(huge.len() > 2 * tela_core::routing::MAX_BLOCKS * tela_core::routing::BLOCK_BYTES);
+        let mut messages = vec![json!({"role": "system", "content": huge})];
+        let first = next_turn(&base, &mut messages, "Summarise the text.").await;
+        assert_eq!(next_turn(&base, &mut messages, "Shorter, please.").await, first);
+        // A prompt is keyed too: the same long prompt goes to the same node.
+        let prompt = "Once upon a time, in a federation of GPUs far away, ".repeat(20);
+        let mut seen = HashSet::new();
+        for _ in 0..3 {
+            let r = post(&base, "/v1/completions", json!({"model": MODEL, "prompt": prompt, "max_tokens": 4})).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            seen.insert(r.header("x-tela-node").expect("node"));
+        }
+        assert_eq!(seen.len(), 1, "one prompt, one node: {seen:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_whose_first_node_fails_stays_on_its_next_ranked_node() {
+    within(90, async {
+        // Node 0's engine drops every request (the node answers 502); nodes 1 and 2 are healthy.
+        let engines = vec![failing(FailMode::Drop), engine(&[MODEL]), engine(&[MODEL])];
+        let fed = Fed::start(Options { engines, ..Options::default() }).await;
+        let base = fed.base();
+        let failing = fed.nodes[0].id.to_string();
+        let i = (0..1000).find(|&i| ranking(&fed, i)[0] == failing).expect("some conversation ranks node 0 first");
+        let next = ranking(&fed, i)[1].clone();
+        let (mut messages, first) = opening(i);
+        assert_eq!(next_turn(&base, &mut messages, &first).await, next, "retried on the next-ranked node");
+        for round in 1..4 {
+            let node = next_turn(&base, &mut messages, &format!("Go on ({round}).")).await;
+            assert_eq!(node, next, "turn {round} left the next-ranked node");
+        }
+        let metrics = call(&base, "GET", "/metrics", Some(KEY), None).await.text();
+        let retried = metrics
+            .lines()
+            .filter(|l| l.starts_with("tela_gateway_retries_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        assert!(retried >= 4.0, "every turn went to the failing node first and was retried:\n{metrics}");
+    })
+    .await;
+}
+
+/// `tela gateway` as a child process (killed on drop).
+struct GatewayProc {
+    child: Child,
+    base: String,
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_gateway(fed: &Fed, routing: &str) -> GatewayProc {
+    let dir = fed.dir.path();
+    let mut child = Command::new(tela())
+        .arg("gateway")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--anchor-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--join", &fed.gateway.anchor_addr().to_string()])
+        .args(["--identity", dir.join("gateway-b.key").to_str().expect("utf-8")])
+        .args(["--api-keys", dir.join("api-keys").to_str().expect("utf-8")])
+        .args(["--routing", routing])
+        .env("TELA_JOIN_SECRET", SECRET)
+        .env_remove("TELA_JOIN")
+        .env_remove("TELA_ROUTING")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("gateway-b.log")).expect("log"))
+        .spawn()
+        .expect("start tela gateway");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read the first line");
+    let base = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected: {line}")).to_string();
+    GatewayProc { child, base, _stdout: stdout }
+}
+
+/// Waits until `base`'s /status shows `n` routable nodes with a tunnel to it.
+async fn wait_tunnels(base: &str, n: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let reply = call(base, "GET", "/status", Some(KEY), None).await;
+        if reply.status == 200 {
+            let connected = reply.json()["nodes"]
+                .as_array()
+                .map_or(0, |ns| ns.iter().filter(|n| n["routable"] == true && n["tunnel"] == true).count());
+            if connected >= n {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_send_a_conversation_to_the_same_node() {
+    within(120, async {
+        let fed =
+            Fed::start(Options { engines: (0..3).map(|_| engine(&[MODEL])).collect(), ..Options::default() }).await;
+        let b = spawn_gateway(&fed, "prefix");
+        assert!(
+            wait_tunnels(&b.base, 3, Duration::from_secs(30)).await,
+            "the nodes connected to gateway B; B log:\n{}",
+            std::fs::read_to_string(fed.dir.path().join("gateway-b.log")).unwrap_or_default()
+        );
+        let status = call(&b.base, "GET", "/status", Some(KEY), None).await.json();
+        assert_eq!(status["gateway"]["routing"], "prefix", "{status:#}");
+
+        // Each conversation's turns alternate between the gateways, as a client behind a
+        // load balancer would send them.
+        let mut by_node: HashMap<String, usize> = HashMap::new();
+        for i in 0..8 {
+            let (mut messages, first) = opening(i);
+            let node = next_turn(&fed.base(), &mut messages, &first).await;
+            for round in 1..4 {
+                let base = if round % 2 == 1 { b.base.clone() } else { fed.base() };
+                let again = next_turn(&base, &mut messages, &format!("Go on ({round}).")).await;
+                assert_eq!(again, node, "conversation {i}: turn {round} on {base} went elsewhere");
+            }
+            *by_node.entry(node).or_default() += 1;
+        }
+        assert!(by_node.len() > 1, "8 conversations all went to one node: {by_node:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_routing_policy_is_refused_with_the_choices() {
+    within(30, async {
+        let out = Command::new(tela())
+            .args(["gateway", "--no-auth", "--listen", "127.0.0.1:0", "--routing", "random"])
+            .env_remove("TELA_ROUTING")
+            .output()
+            .expect("run tela gateway");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("prefix, least-loaded or p2c"), "{stderr}");
+    })
+    .await;
+}
