@@ -4,11 +4,13 @@
 1. Every `tela ...` command line in deploy/ is checked against the real binary: the manifests'
    container command/args, exec probes and lifecycle hooks; the systemd units' Exec* lines;
    commands in the README's code blocks, in `backticks` and in indented comment lines of the
-   unit and manifest files. Every subcommand and flag must appear in `tela <role> --help`,
-   a flag that takes a value must get one, and the binary itself must accept the line (it is
-   run with `--help` appended, so clap parses every flag and typed value without starting
-   anything). TELA_* variables (container env, Environment=, the env-file examples) must be
-   ones `tela <role> --help` lists, and --hardware-profile values ones `tela hardware` knows.
+   unit, manifest, script and container definition files (`apptainer exec tela.sif tela ...`
+   and `apptainer run tela.sif ...` count as tela command lines). Every subcommand and flag
+   must appear in `tela <role> --help`, a flag that takes a value must get one, and the
+   binary itself must accept the line (it is run with `--help` appended, so clap parses every
+   flag and typed value without starting anything). TELA_* variables (container env,
+   Environment=, the env-file examples) must be ones `tela <role> --help` lists, and
+   --hardware-profile values ones `tela hardware` knows.
 2. Invariants of the deployment: the node's drain (preStop / ExecStop runs `tela drain` on the
    node's own control socket; terminationGracePeriodSeconds / TimeoutStopSec above the drain
    window), probes present and pointing at the node's control socket, restart policy and
@@ -238,6 +240,14 @@ def parse_duration(text):
 SEPARATORS = {"&&", "||", "|", ";", "&", "(", ")", "$(", ";;", "--"}  # `kubectl exec ... -- tela`
 REDIRECTS = {">", ">>", "<", "<<", "<<<", ">&", "&>", "2>", "2>>", "|&"}
 WRAPPERS = {"sudo", "exec", "env", "nohup", "time", "command", "srun"}
+CONTAINER_RUNNERS = {"apptainer", "singularity"}
+
+
+def container_image(tokens, i):
+    """`apptainer exec|run [options] IMAGE.sif ...` at tokens[i]: the index of the image, or None."""
+    if tokens[i] not in CONTAINER_RUNNERS or i + 1 >= len(tokens) or tokens[i + 1] not in ("exec", "run"):
+        return None
+    return next((j for j in range(i + 2, len(tokens)) if tokens[j].endswith(".sif")), None)
 
 
 def shell_commands(line):
@@ -276,6 +286,12 @@ def shell_commands(line):
                 pass
             elif is_tela(tok):
                 current = [tok]
+            elif (image := container_image(tokens, i)) is not None:
+                # `apptainer exec tela.sif tela node ...` runs tela; so does `apptainer run
+                # tela.sif node ...` (the image's runscript is tela).
+                if tokens[i + 1] == "run" and os.path.basename(tokens[image]).startswith("tela"):
+                    current = ["tela"]
+                i = image
             else:
                 start = False
         i += 1
@@ -913,7 +929,9 @@ def main():
             rel = os.path.relpath(path, root)
             if name.endswith(".md"):
                 check_markdown(tela, path, rel)
-            elif name.endswith((".yaml", ".yml", ".service", ".example", ".sh")):
+            elif name == "Containerfile" or name.endswith(
+                (".yaml", ".yml", ".service", ".example", ".sh", ".sbatch", ".def")
+            ):
                 check_comments(tela, path, rel)
 
     if not args.no_smoke:

@@ -14,8 +14,12 @@
 //! | `tela_chromium` | `TELA_CHROMIUM` | the dashboard in a browser |
 //! | `tela_slurm` | `TELA_SLURM_PARTITION` or `TELA_SLURM_ENV` | a real local Slurm (sbatch) |
 //! | `tela_slurmrest` | `TELA_SLURMRESTD_URL`, or the file `TELA_SLURM_ENV` names | slurmrestd |
+//!
+//! It also sets `TELA_VERSION`, what `tela --version` prints after the name: the package
+//! version, the commit it was built from and that commit's date (see [`version`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn main() {
     for cfg in ["tela_sdk", "tela_llama", "tela_chromium", "tela_slurm", "tela_slurmrest"] {
@@ -60,5 +64,56 @@ fn main() {
         if here {
             println!("cargo::rustc-cfg={cfg}");
         }
+    }
+
+    println!("cargo::rustc-env=TELA_VERSION={}", version());
+}
+
+/// `0.1.0 (commit 1a2b3c4d5e6f, 2026-12-03)`: a bug report then names the exact source.
+///
+/// The commit comes from `git` when the source is a git checkout, else from `TELA_COMMIT` (a
+/// build from a source archive: set it to the commit the archive was made from), else it is
+/// `unknown`. Only git's HEAD and the branch it points to are watched, so a new commit
+/// re-runs this script (and rebuilds this crate) without rebuilding anything else; changes
+/// not committed yet are not marked.
+fn version() -> String {
+    println!("cargo::rerun-if-env-changed=TELA_COMMIT");
+    let package = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| ".".into()));
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").args(args).current_dir(&dir).output().ok()?;
+        let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    };
+    if let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) {
+        watch_git_head(&dir, &git);
+        return match git(&["log", "-1", "--date=short", "--format=%cd", "HEAD"]) {
+            Some(date) => format!("{package} (commit {commit}, {date})"),
+            None => format!("{package} (commit {commit})"),
+        };
+    }
+    let commit = std::env::var("TELA_COMMIT").ok().filter(|c| !c.trim().is_empty());
+    format!("{package} (commit {})", commit.as_deref().map_or("unknown", str::trim))
+}
+
+/// Re-run when HEAD moves: the HEAD file (another branch checked out, a detached HEAD) and the
+/// branch it points to (a new commit). While that branch is packed (no file of its own), its
+/// folder (where the next commit writes the file) and `packed-refs`. Only paths that exist are
+/// named: cargo re-runs a script on every build while a path it watches is missing.
+fn watch_git_head(dir: &Path, git: &dyn Fn(&[&str]) -> Option<String>) {
+    // `--git-path` resolves worktrees and a `.git` file, relative to `dir`.
+    let path = |name: &str| git(&["rev-parse", "--git-path", name]).map(|p| dir.join(p));
+    let mut watched = vec![path("HEAD")];
+    if let Some(branch) = git(&["rev-parse", "--symbolic-full-name", "HEAD"]).filter(|r| r.starts_with("refs/")) {
+        match path(&branch) {
+            Some(file) if file.is_file() => watched.push(Some(file)),
+            file => {
+                watched.push(file.and_then(|f| f.parent().map(Path::to_path_buf)));
+                watched.push(path("packed-refs"));
+            }
+        }
+    }
+    for path in watched.into_iter().flatten().filter(|p| p.exists()) {
+        println!("cargo::rerun-if-changed={}", path.display());
     }
 }

@@ -13,7 +13,7 @@ use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, no
 /// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
 /// OpenAI-compatible endpoint.
 #[derive(Debug, Parser)]
-#[command(name = "tela", version, propagate_version = true)]
+#[command(name = "tela", version = env!("TELA_VERSION"), propagate_version = true)]
 struct Cli {
     /// Log level or filter (e.g. `info`, `debug`, `tela_gateway=debug,info`); overrides
     /// RUST_LOG. Logs go to stderr (`tela demo`: to a file in its directory unless --verbose).
