@@ -9,8 +9,7 @@
 use crate::common;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -175,69 +174,12 @@ async fn a_conversation_whose_first_node_fails_stays_on_its_next_ranked_node() {
     .await;
 }
 
-/// `tela gateway` as a child process (killed on drop).
-struct GatewayProc {
-    child: Child,
-    base: String,
-    _stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Drop for GatewayProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_gateway(fed: &Fed, routing: &str) -> GatewayProc {
-    let dir = fed.dir.path();
-    let mut child = Command::new(tela())
-        .arg("gateway")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(["--anchor-listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--join", &fed.gateway.anchor_addr().to_string()])
-        .args(["--identity", dir.join("gateway-b.key").to_str().expect("utf-8")])
-        .args(["--api-keys", dir.join("api-keys").to_str().expect("utf-8")])
-        .args(["--routing", routing])
-        .env("TELA_JOIN_SECRET", SECRET)
-        .env_remove("TELA_JOIN")
-        .env_remove("TELA_ROUTING")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("gateway-b.log")).expect("log"))
-        .spawn()
-        .expect("start tela gateway");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("read the first line");
-    let base = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected: {line}")).to_string();
-    GatewayProc { child, base, _stdout: stdout }
-}
-
-/// Waits until `base`'s /status shows `n` routable nodes with a tunnel to it.
-async fn wait_tunnels(base: &str, n: usize, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let reply = call(base, "GET", "/status", Some(KEY), None).await;
-        if reply.status == 200 {
-            let connected = reply.json()["nodes"]
-                .as_array()
-                .map_or(0, |ns| ns.iter().filter(|n| n["routable"] == true && n["tunnel"] == true).count());
-            if connected >= n {
-                return true;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_send_a_conversation_to_the_same_node() {
     within(120, async {
         let fed =
             Fed::start(Options { engines: (0..3).map(|_| engine(&[MODEL])).collect(), ..Options::default() }).await;
-        let b = spawn_gateway(&fed, "prefix");
+        let b = spawn_gateway(&fed, "127.0.0.1:0", free_port(), &["--routing", "prefix"]);
         assert!(
             wait_tunnels(&b.base, 3, Duration::from_secs(30)).await,
             "the nodes connected to gateway B; B log:\n{}",

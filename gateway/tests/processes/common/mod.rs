@@ -422,3 +422,67 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
+
+/// A second gateway: `tela gateway` as a child process that joined `fed`'s gateway, with the
+/// same key file (killed on drop).
+pub struct GatewayProc {
+    pub child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    // Kept open: the gateway prints more lines after the first.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a second gateway listening on `listen` (e.g. `127.0.0.1:0`) with its anchor on
+/// `anchor_port`, joined to `fed`'s gateway; `extra` arguments go after the others. Its log is
+/// `gateway-b.log` in the federation's directory.
+pub fn spawn_gateway(fed: &Fed, listen: &str, anchor_port: u16, extra: &[&str]) -> GatewayProc {
+    use std::io::BufRead;
+    let dir = fed.dir.path();
+    let mut child = Command::new(tela())
+        .arg("gateway")
+        .args(["--listen", listen])
+        .args(["--anchor-listen", &format!("127.0.0.1:{anchor_port}")])
+        .args(["--join", &fed.gateway.anchor_addr().to_string()])
+        .args(["--identity", dir.join("gateway-b.key").to_str().expect("utf-8")])
+        .args(["--api-keys", dir.join("api-keys").to_str().expect("utf-8")])
+        .args(extra)
+        .env("TELA_JOIN_SECRET", SECRET)
+        .env_remove("TELA_JOIN")
+        .env_remove("TELA_ROUTING")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("gateway-b.log")).expect("log"))
+        .spawn()
+        .expect("start tela gateway");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read the first line");
+    let base = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected: {line}")).to_string();
+    GatewayProc { child, base, _stdout: stdout }
+}
+
+/// Waits until `base`'s /status shows `n` routable nodes with a tunnel to it.
+pub async fn wait_tunnels(base: &str, n: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let reply = call(base, "GET", "/status", Some(KEY), None).await;
+        if reply.status == 200 {
+            let connected = reply.json()["nodes"]
+                .as_array()
+                .map_or(0, |ns| ns.iter().filter(|n| n["routable"] == true && n["tunnel"] == true).count());
+            if connected >= n {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
