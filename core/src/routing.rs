@@ -60,8 +60,13 @@
 //!    to its next-ranked node, the same one on every gateway, instead of melting one node.
 //!    ε = [`EPSILON_PERCENT`]% (0.25, as HAProxy's `hash-balance-factor 125`): small enough to
 //!    keep the busiest node within about a quarter above its share, large enough that balanced
-//!    traffic keeps its affinity. The bound always leaves at least one candidate: their bounds sum to more
-//!    than `T`.
+//!    traffic keeps its affinity. At low load a quarter of a share is less than one request, and
+//!    the bound alone would move a conversation whenever its node holds a single other request
+//!    (or a load report still counts the turn that just ended); so a candidate may also go
+//!    [`LOAD_SLACK`] requests above its share, `⌈(T + 1) · c / Σc⌉ + LOAD_SLACK`, whichever
+//!    bound is larger (SGLang's router has the same absolute threshold beside its relative one):
+//!    a cached prefix saves more than waiting behind one or two requests costs. The bound always
+//!    leaves at least one candidate: their bounds sum to more than `T`.
 //!
 //! Everything is integer arithmetic over fixed hashes — no RNG, no float, no per-process hash
 //! seed — so two gateways given the same request, the same candidates and the same loads pick
@@ -157,6 +162,8 @@ pub const MESSAGE_BYTES: usize = 4096;
 pub const ROLE_BYTES: usize = 32;
 /// ε of the load bound, in percent: a node may carry up to `1 + ε` times its fair share.
 pub const EPSILON_PERCENT: u64 = 25;
+/// Requests a node may carry above its fair share whatever ε allows (see the module docs).
+pub const LOAD_SLACK: u64 = 2;
 
 const HEAD_BYTES: usize = BLOCK_BYTES * MAX_BLOCKS;
 const CHAT_TAG: u8 = b'C';
@@ -402,10 +409,11 @@ fn least_loaded(candidates: &[Candidate]) -> Option<NodeId> {
 /// Whether `c` may take one more request under the bound, given everything in flight on the
 /// candidates and their total capacity.
 fn within_bound(c: &Candidate, total_in_flight: u64, total_capacity: u64) -> bool {
-    let share = u128::from(100 + EPSILON_PERCENT) * u128::from(total_in_flight + 1) * u128::from(c.capacity());
+    let share = u128::from(total_in_flight + 1) * u128::from(c.capacity());
     let whole = 100 * u128::from(total_capacity);
-    let bound = share.div_ceil(whole);
-    u128::from(c.in_flight) < bound
+    let relative = (u128::from(100 + EPSILON_PERCENT) * share).div_ceil(whole);
+    let absolute = (100 * share).div_ceil(whole) + u128::from(LOAD_SLACK);
+    u128::from(c.in_flight) < relative.max(absolute)
 }
 
 /// The highest-ranked candidate for `key` within the load bound (see the module docs).
@@ -716,10 +724,12 @@ mod tests {
             .short()
     }
 
-    /// The bound of the module docs with equal tiers: `⌈1.25 × (T + 1) / n⌉`.
+    /// The bound of the module docs with equal tiers: `⌈1.25 × (T + 1) / n⌉`, or
+    /// `⌈(T + 1) / n⌉ + LOAD_SLACK` where that is larger.
     fn mean_bound(loads: &[u32]) -> u64 {
         let total: u64 = loads.iter().map(|&l| u64::from(l)).sum();
-        (5 * (total + 1)).div_ceil(4 * loads.len() as u64)
+        let n = loads.len() as u64;
+        (5 * (total + 1)).div_ceil(4 * n).max((total + 1).div_ceil(n) + LOAD_SLACK)
     }
 
     fn conversation() -> impl Strategy<Value = Vec<(String, String)>> {

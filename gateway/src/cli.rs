@@ -131,7 +131,8 @@ pub struct GatewayArgs {
     /// How a node is picked among those serving the model. prefix: every turn of a
     /// conversation (same system prompt and first user message) goes to the same node, on
     /// every gateway, so its engine reuses its KV cache; a node over 1.25x its share of the
-    /// load passes new requests to the next node in line, and requests without content go to
+    /// load (and 2 requests above it) passes new requests to the next node in line, and
+    /// requests without content go to
     /// the least loaded. least-loaded: fewest requests in flight. p2c: the less loaded of two
     /// random nodes.
     #[arg(long, env = "TELA_ROUTING", default_value = "prefix", value_name = "prefix|least-loaded|p2c")]
@@ -149,6 +150,20 @@ pub struct GatewayArgs {
     /// How long Ctrl-C / SIGTERM waits for open responses.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
+
+    /// The gateway's database: the usage ledger keeps one row per request there (key,
+    /// account, model, node, the engine's token counts, latency, status), which `tela usage`
+    /// reports on [default: gateway.db beside the identity key].
+    #[arg(long, env = "TELA_LEDGER", value_name = "PATH")]
+    pub ledger: Option<PathBuf>,
+
+    /// Keep no usage ledger.
+    #[arg(long, conflicts_with = "ledger")]
+    pub no_ledger: bool,
+
+    /// Delete ledger rows older than this many days (0 keeps them forever).
+    #[arg(long, default_value_t = 90, value_name = "DAYS")]
+    pub ledger_retention_days: u32,
 
     /// Threads that serve requests [default: 1 on a machine with at most 2 cores, else one per
     /// core].
@@ -255,7 +270,8 @@ impl GatewayArgs {
         anyhow::ensure!(max_concurrent >= 1, "--max-concurrent must be at least 1");
         let secret_file = opt("join_secret_file", &self.join_secret_file, &file.join_secret_file);
         let join_secret = read_secret(self.join_secret.as_deref(), secret_file.as_deref())?;
-        let identity = load_identity(opt("identity", &self.identity, &file.identity).as_deref(), "gateway.key")?;
+        let identity_path = opt("identity", &self.identity, &file.identity);
+        let identity = load_identity(identity_path.as_deref(), "gateway.key")?;
         let mut config = GatewayConfig::new(identity, join_secret);
         config.listen = pick(given("listen"), self.listen, file.listen);
         config.anchor_listen = pick(given("anchor_listen"), self.anchor_listen, file.anchor_listen);
@@ -296,6 +312,22 @@ impl GatewayArgs {
         };
         config.node_idle_timeout = dur("node_idle_timeout", self.node_idle_timeout, file.node_idle_timeout);
         config.shutdown_grace = dur("shutdown_grace", self.shutdown_grace, file.shutdown_grace);
+        let ledger = opt("ledger", &self.ledger, &file.ledger);
+        let no_ledger = pick(given("no_ledger"), self.no_ledger, file.no_ledger);
+        let retention_days =
+            pick(given("ledger_retention_days"), self.ledger_retention_days, file.ledger_retention_days);
+        config.ledger = match (ledger, no_ledger) {
+            (Some(_), true) => anyhow::bail!("both a ledger and no_ledger are set: choose one"),
+            (None, true) => None,
+            (Some(path), false) => Some(crate::ledger::LedgerConfig::new(path, retention_days)),
+            (None, false) => {
+                let identity = match identity_path {
+                    Some(path) => path,
+                    None => tela_runtime::identity::default_identity_path("gateway.key")?,
+                };
+                Some(crate::ledger::LedgerConfig::new(crate::ledger::default_path(&identity), retention_days))
+            }
+        };
         if let Some(plan) = loaded.and_then(|l| l.spin) {
             let batch =
                 crate::spin::backend::connect(&plan.backend).map_err(|e| anyhow::anyhow!("[spin.backend]: {e}"))?;
@@ -416,6 +448,50 @@ mod tests {
         assert_eq!((config.proxy.max_attempts, config.limits.header_timeout), (5, Duration::from_secs(3)));
         assert!(matches!(config.auth, AuthConfig::Open));
         assert!(config.spin.is_none());
+        let ledger = config.ledger.expect("a ledger by default");
+        assert_eq!(ledger.path, dir.path().join("gateway.db"), "beside the identity key");
+        assert_eq!(ledger.retention, Some(Duration::from_secs(90 * 86_400)));
+    }
+
+    #[test]
+    fn the_ledger_comes_from_the_flag_or_the_file_or_is_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("gateway.toml");
+        let key = dir.path().join("gw.key");
+        std::fs::write(
+            &file,
+            format!(
+                "no_auth = true\njoin_secret_file = \"{}\"\nidentity = \"{}\"\nledger = \"{}\"\nledger_retention_days = 0\n",
+                dir.path().join("secret").display(),
+                key.display(),
+                dir.path().join("usage.db").display()
+            ),
+        )
+        .expect("config");
+        std::fs::write(dir.path().join("secret"), "a federation secret\n").expect("secret");
+        let path = file.to_str().expect("utf-8");
+        let config_of = |args: &[&str]| {
+            let argv: Vec<&str> = ["tela", "--config", path].into_iter().chain(args.iter().copied()).collect();
+            let matches = GatewayCli::command().try_get_matches_from(argv)?;
+            let mut cli = GatewayCli::from_arg_matches(&matches)?;
+            cli.gateway.note_explicit(&matches);
+            cli.gateway.run.config()
+        };
+        let from_file = config_of(&[]).expect("valid").ledger.expect("a ledger");
+        assert_eq!((from_file.path, from_file.retention), (dir.path().join("usage.db"), None));
+        let flag = config_of(&["--ledger", "/tmp/elsewhere.db"]).expect("valid").ledger.expect("a ledger");
+        assert_eq!(flag.path, PathBuf::from("/tmp/elsewhere.db"), "the flag wins");
+        assert!(config_of(&["--no-ledger"]).is_err(), "the file's ledger and --no-ledger conflict");
+        std::fs::write(
+            &file,
+            format!(
+                "no_auth = true\njoin_secret_file = \"{}\"\nidentity = \"{}\"\nno_ledger = true\n",
+                dir.path().join("secret").display(),
+                key.display()
+            ),
+        )
+        .expect("config");
+        assert_eq!(config_of(&[]).expect("valid").ledger, None);
     }
 
     fn threads(args: &[&str]) -> anyhow::Result<usize> {

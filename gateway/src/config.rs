@@ -61,6 +61,12 @@ pub struct FileConfig {
     pub threads: Option<usize>,
     /// `--routing`: `prefix`, `least-loaded` or `p2c`.
     pub routing: Option<String>,
+    /// `--ledger`: the gateway's database.
+    pub ledger: Option<PathBuf>,
+    /// `--no-ledger`.
+    pub no_ledger: Option<bool>,
+    /// `--ledger-retention-days`.
+    pub ledger_retention_days: Option<u32>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
 }

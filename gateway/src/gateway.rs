@@ -83,12 +83,14 @@ pub struct GatewayConfig {
     pub shutdown_grace: Duration,
     /// Model spinning (`[spin]` of the configuration file), if any.
     pub spin: Option<crate::spin::SpinSetup>,
+    /// The usage ledger's database, if the gateway keeps one ([`crate::ledger`]).
+    pub ledger: Option<crate::ledger::LedgerConfig>,
 }
 
 impl GatewayConfig {
     /// Defaults: API on 127.0.0.1:8080, anchor on 0.0.0.0:7000, [`AuthConfig::Open`] (the
     /// command line insists on a key file or an explicit `--no-auth`), prefix routing, node idle
-    /// timeout 5 s, shutdown grace 30 s.
+    /// timeout 5 s, shutdown grace 30 s, no usage ledger (the command line keeps one by default).
     pub fn new(identity: Identity, join_secret: JoinSecret) -> GatewayConfig {
         GatewayConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -107,6 +109,7 @@ impl GatewayConfig {
             node_idle_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             spin: None,
+            ledger: None,
         }
     }
 }
@@ -147,6 +150,7 @@ pub struct Gateway {
     server: Option<AbortOnDropHandle<()>>,
     _keys: Option<KeyFile>,
     _spin: Option<crate::spin::SpinTasks>,
+    ledger: Option<crate::ledger::Ledger>,
 }
 
 impl Gateway {
@@ -195,6 +199,15 @@ impl Gateway {
             config.proxy,
         );
         shared.routing = config.routing;
+        // Stamp each engine load report with this gateway's own count on its node: routing
+        // counts its own requests itself and takes only the others' from the report.
+        let own = shared.load.clone();
+        anchor.runtime().view().load_reports().count_local_with(move |node| own.get(node));
+        let ledger = config.ledger.map(|l| {
+            tracing::info!("usage ledger in {}", l.path.display());
+            crate::ledger::Ledger::start(l, metrics.ledger_counters())
+        });
+        shared.ledger = ledger.clone();
         let stop = CancellationToken::new();
         let spin = match config.spin {
             None => None,
@@ -235,6 +248,7 @@ impl Gateway {
             server: Some(AbortOnDropHandle::new(server)),
             _keys: keys,
             _spin: spin,
+            ledger,
         })
     }
 
@@ -278,6 +292,10 @@ impl Gateway {
         self.stop.cancel();
         if let Some(server) = self.server.take() {
             let _ = server.await;
+        }
+        if let Some(ledger) = self.ledger.take() {
+            // The responses are over: their rows are in the channel; write them.
+            let _ = tokio::task::spawn_blocking(move || ledger.close()).await;
         }
         let runtime = self.anchor.runtime_mut();
         let _ = runtime.inputs().drain().await;

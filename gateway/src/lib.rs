@@ -8,12 +8,15 @@
 //!   parts: [`service`] (paths, auth, limits), [`proxy`] (forwarding with retries before the
 //!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
 //!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed, named API keys,
-//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`server`]
+//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`ledger`] (one
+//!   row per request in the gateway's SQLite database, [`db`]), [`server`]
 //!   (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and [`dashboard`]. With a
 //!   `[spin]` section in its configuration file ([`config`]) it also starts serving nodes in
 //!   batch jobs on demand and holds requests for them ([`spin`]).
 //! - [`demo`] — `tela demo`, a gateway, three nodes and three engine simulators on loopback.
 //! - [`cli`] — the flags of `tela gateway` and `tela status --gateway`.
+//! - [`usage`] — `tela usage`, requests and tokens per key, account, model or day from one or
+//!   several gateways' ledgers.
 //! - [`engine_sim`] — `tela engine-sim`, the built-in **engine simulator**: an OpenAI-compatible
 //!   HTTP server that stands in for vLLM or llama.cpp in demos and tests. It generates
 //!   deterministic placeholder text from a fixed word list; it is not a model.
@@ -45,9 +48,11 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
+pub mod db;
 pub mod demo;
 pub mod engine_sim;
 pub mod gateway;
+pub mod ledger;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
@@ -58,3 +63,4 @@ pub mod service;
 pub mod signal;
 pub mod spin;
 pub mod status;
+pub mod usage;

@@ -30,9 +30,11 @@
 //! A request's token estimate ([`estimate_tokens`]) is its text's characters / 4 (the strings
 //! of `messages`, `prompt` and `input`; images and audio are not counted) plus its completion
 //! allowance: `max_completion_tokens`, else `max_tokens`, else [`DEFAULT_COMPLETION_TOKENS`],
-//! times `n`; embeddings have none. The estimate is what is charged: the gateway does not read
-//! the engine's `usage` from response bodies yet. [`Settlement::usage`] is where a reader of
-//! the final usage will report it; the counters then charge the difference. A request that no
+//! times `n`; embeddings have none. The estimate is charged when the request is admitted; when
+//! its response ends, the engine's own `usage` (read from the body, or from a stream's final
+//! usage event, which the gateway asks for: [`crate::body`]) replaces it through
+//! [`Settlement::usage`], and the counters charge the difference. Without a usage (an engine
+//! that reports none, a client that left early) the estimate stands. A request that no
 //! node answered (a 404, a 503, a cut tunnel before the response began) is refunded its
 //! tokens; it still counts as a request, as at OpenAI. A request whose estimate exceeds the
 //! key's whole tokens-per-minute limit can never pass: it gets 429 without `Retry-After` and a
@@ -168,7 +170,7 @@ impl Period {
 }
 
 /// Year, month and day of a count of days since 1970-01-01 (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -182,7 +184,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// Days since 1970-01-01 of a date (the inverse of [`civil_from_days`]).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);

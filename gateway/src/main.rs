@@ -8,6 +8,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tela_gateway::cli::{GatewayCommand, StatusCommand};
 use tela_gateway::demo::DemoArgs;
 use tela_gateway::engine_sim::EngineSimArgs;
+use tela_gateway::usage::UsageArgs;
 use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, node::NodeArgs};
 
 /// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
@@ -34,6 +35,7 @@ enum Command {
     Anchor(AnchorArgs),
     Drain(DrainArgs),
     Status(StatusCommand),
+    Usage(UsageArgs),
     Hardware(HardwareArgs),
 }
 
@@ -78,6 +80,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Anchor(args) => args.run().await.context("tela anchor")?,
         Command::Drain(args) => args.run().await.context("tela drain")?,
         Command::Status(args) => args.run().await?,
+        Command::Usage(args) => args.run().context("tela usage")?,
         Command::Hardware(args) => args.run().context("tela hardware")?,
     }
     Ok(())

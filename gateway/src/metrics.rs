@@ -18,6 +18,12 @@
 //! | `tela_gateway_cold_start_queued` | `model` | requests waiting for a replica |
 //! | `tela_gateway_cold_start_wait_seconds` | `outcome` | how long requests waited (`ready`, `timeout`) |
 //! | `tela_gateway_key_refusals_total` | `key`, `limit` | requests a key's limit refused with 429 ([`crate::limits`]) |
+//! | `tela_gateway_key_requests_total` | `key` | inference requests per key, answered by a node or refused |
+//! | `tela_gateway_key_tokens_total` | `key`, `kind` | tokens the engines reported per key (`prompt`, `completion`) |
+//! | `tela_gateway_model_tokens_total` | `model`, `kind` | tokens the engines reported per model |
+//! | `tela_gateway_ledger_rows_total` | | rows written to the usage ledger ([`crate::ledger`]) |
+//! | `tela_gateway_ledger_dropped_rows_total` | | ledger rows lost: the writer was too far behind, or the database unwritable for too long |
+//! | `tela_gateway_ledger_errors_total` | | failed opens, writes and deletes of the ledger's database |
 //!
 //! Model labels only carry names some node serves (others are counted as `unknown`), and key
 //! labels only names from the key file, so a client cannot grow the label set without bound.
@@ -93,6 +99,31 @@ pub struct KeyLimitLabels {
     pub limit: String,
 }
 
+/// `key`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabel {
+    /// The key's name in the key file.
+    pub key: String,
+}
+
+/// `key` and `kind` of tokens.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyTokenLabels {
+    /// The key's name in the key file.
+    pub key: String,
+    /// `prompt` or `completion`.
+    pub kind: String,
+}
+
+/// `model` and `kind` of tokens.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelTokenLabels {
+    /// The model.
+    pub model: String,
+    /// `prompt` or `completion`.
+    pub kind: String,
+}
+
 /// `state`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -133,6 +164,14 @@ pub struct Metrics {
     pub cold_start_wait: Family<OutcomeLabel, Histogram>,
     /// Requests refused by a key's limits.
     pub key_refusals: Family<KeyLimitLabels, Counter>,
+    /// Inference requests per key.
+    pub key_requests: Family<KeyLabel, Counter>,
+    /// Engine-reported tokens per key.
+    pub key_tokens: Family<KeyTokenLabels, Counter>,
+    /// Engine-reported tokens per model.
+    pub model_tokens: Family<ModelTokenLabels, Counter>,
+    /// The usage ledger's writer.
+    pub ledger: crate::ledger::LedgerCounters,
 }
 
 impl Default for Metrics {
@@ -203,6 +242,28 @@ impl Metrics {
             "Requests refused by their key's limits, by key and limit",
             key_refusals.clone(),
         );
+        let key_requests = Family::<KeyLabel, Counter>::default();
+        let key_tokens = Family::<KeyTokenLabels, Counter>::default();
+        let model_tokens = Family::<ModelTokenLabels, Counter>::default();
+        registry.register(
+            "key_requests",
+            "Inference requests per key, answered by a node or refused",
+            key_requests.clone(),
+        );
+        registry.register("key_tokens", "Tokens the engines reported per key, by kind", key_tokens.clone());
+        registry.register("model_tokens", "Tokens the engines reported per model, by kind", model_tokens.clone());
+        let ledger = crate::ledger::LedgerCounters::default();
+        registry.register("ledger_rows", "Rows written to the usage ledger", ledger.written.clone());
+        registry.register(
+            "ledger_dropped_rows",
+            "Usage ledger rows lost: the writer was too far behind or the database unwritable for too long",
+            ledger.dropped.clone(),
+        );
+        registry.register(
+            "ledger_errors",
+            "Failed opens, writes and deletes of the usage ledger's database",
+            ledger.errors.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -220,7 +281,16 @@ impl Metrics {
             cold_start_queued,
             cold_start_wait,
             key_refusals,
+            key_requests,
+            key_tokens,
+            model_tokens,
+            ledger,
         }
+    }
+
+    /// The usage ledger's counters, to hand to its writer.
+    pub fn ledger_counters(&self) -> crate::ledger::LedgerCounters {
+        self.ledger.clone()
     }
 
     /// Counts one answered request.

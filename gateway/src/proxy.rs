@@ -13,6 +13,9 @@
 //! [`ProxySettings::max_attempts`]. Once a head arrives, the response is the client's: its
 //! body streams through [`TunnelBody`], which turns a later break into an SSE error event.
 //!
+//! The response body is read for the engine's usage on its way ([`crate::body::UsageTap`]),
+//! and the request's [`Charge`] is told how it ended, with those token counts.
+//!
 //! The header `x-tela-gateway-ms` reports the gateway's own time for the request: from the
 //! moment its body was read to the moment the request was written into the tunnel that
 //! answered, retries included.
@@ -20,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use tela_core::{NodeId, Prefix, RouteError};
 use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
@@ -28,7 +31,8 @@ use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api_error::ApiError;
-use crate::body::{BodyEnd, GatewayBody, Held, TunnelBody};
+use crate::body::{BodyEnd, Ending, GatewayBody, Held, TunnelBody, UsageTap};
+use crate::ledger::Charge;
 use crate::routing::{Choice, Target};
 use crate::service::Shared;
 
@@ -87,6 +91,11 @@ pub struct ApiRequest {
     pub ready_at: Instant,
     /// Released when the response ends (the concurrency permit).
     pub held: Vec<Held>,
+    /// Told how a node's response ended (a gateway's own answer is the caller's to report).
+    pub charge: Option<Charge>,
+    /// The gateway asked the engine for the stream's usage and the client did not: the usage
+    /// event is taken out of the response ([`crate::body::ask_for_usage`]).
+    pub strip_usage: bool,
 }
 
 impl ApiRequest {
@@ -302,6 +311,9 @@ fn respond(
     let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut builder = Response::builder().status(status);
     let mut sse = false;
+    let mut json = false;
+    let mut encoded = false;
+    let mut length: Option<u64> = None;
     let mut named = false;
     for (name, value) in head.headers {
         let lower = name.to_ascii_lowercase();
@@ -314,6 +326,15 @@ fn respond(
         if name == CONTENT_TYPE && value.as_bytes().starts_with(b"text/event-stream") {
             sse = true;
         }
+        json |= name == CONTENT_TYPE && value.as_bytes().starts_with(b"application/json");
+        encoded |= name == CONTENT_ENCODING && !value.as_bytes().eq_ignore_ascii_case(b"identity");
+        if name == CONTENT_LENGTH {
+            if request.strip_usage {
+                // The body may lose its usage event: its length is not the node's.
+                continue;
+            }
+            length = value.to_str().ok().and_then(|v| v.trim().parse().ok());
+        }
         named |= name.as_str() == NODE_HEADER;
         builder = builder.header(name, value);
     }
@@ -325,13 +346,27 @@ fn respond(
     let metrics = shared.metrics.clone();
     let labels = crate::metrics::DurationLabels { model: request.model.clone(), stream: request.stream };
     let started = request.ready_at;
-    let on_end = Box::new(move |end: BodyEnd| {
+    let charge = request.charge.clone();
+    let (node_name, sent) = (node.to_string(), status.as_u16());
+    let on_end = Box::new(move |end: Ending| {
         metrics.duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-        if end == BodyEnd::Broken {
+        if end.how == BodyEnd::Broken {
             metrics.broken.inc();
         }
+        if let Some(charge) = &charge {
+            charge.ended(&node_name, sent, &end);
+        }
     });
-    let body = TunnelBody::new(recv, sse && status.is_success(), node.to_string(), held, on_end);
+    // Only a successful answer has usage; a compressed one cannot be read on the way.
+    let tap = match (status.is_success() && !encoded, sse, json) {
+        (false, _, _) => UsageTap::Off,
+        (true, true, _) => UsageTap::Events { strip: request.strip_usage },
+        (true, false, true) => UsageTap::Json,
+        (true, false, false) => UsageTap::Off,
+    };
+    let body = TunnelBody::new(recv, sse && status.is_success(), node.to_string(), held, on_end)
+        .with_usage(tap)
+        .with_length(length);
     builder.body(GatewayBody::Tunnel(Box::new(body))).unwrap_or_else(|e| {
         ApiError::internal(format!("the node's response head could not be forwarded: {e}")).into_response()
     })

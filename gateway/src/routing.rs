@@ -12,9 +12,43 @@
 //! a node that died (its TCP connection reset, its QUIC connection timed out) stops being
 //! picked at once, before any gossip says so.
 //!
-//! In-flight counts are this gateway's own: a [`NodeGuard`] per forwarded request, held by the
-//! response body until it ends on any path (see [`crate::body`]). They are the load the policy
-//! balances.
+//! # The load the policy balances
+//!
+//! Two figures describe a node's load here:
+//!
+//! - **this gateway's in-flight count**: a [`NodeGuard`] per forwarded request, held by the
+//!   response body until it ends on any path (see [`crate::body`]). Exact and immediate, but
+//!   blind to what other gateways (or clients talking to the engine directly) sent;
+//! - **the engine's own report**: requests running and waiting at the engine and its KV-cache
+//!   usage, which the node reads from the engine's `/metrics` about twice a second and pushes
+//!   over its tunnel ([`tela_runtime::load_report`]). It sees every request, whoever sent it,
+//!   but a little behind.
+//!
+//! [`combined_load`] merges them: this gateway's in-flight count now, plus the engine's
+//! requests that are not this gateway's — `running + waiting` in the report, less this
+//! gateway's in-flight count on the node when the report arrived (the runtime stamps each
+//! report with it: [`tela_runtime::load_report::LoadReports::count_local_with`]) — plus one
+//! when the engine is running requests with its KV cache at least [`KV_PRESSURE_PERMILLE`]
+//! full. This gateway's own requests are counted once, exactly and at once: one sent since the
+//! report counts, and one that ended since the report no longer does (a turn of a
+//! conversation that just ended does not push the conversation's next turn off its node for
+//! the sake of a figure a report interval old). Waiting requests count like running ones: a
+//! request that waits at an engine costs a new one there as much as one that runs. Other
+//! gateways' requests are seen as soon as the node tells: it reports at once when a tunnelled
+//! request starts or ends, moving its last reading by that (`tela_runtime::engine`'s load
+//! reporter); requests sent to the engine directly show at the next reading. KV usage only
+//! breaks near-ties: an engine whose cache is nearly full will make the next request wait or
+//! preempt one, but high usage on an idle engine (the llama.cpp server keeps idle slots'
+//! prompts) means nothing.
+//! All of it stays in request units, so the bounded-load rule of prefix routing keeps its
+//! meaning (`(1 + ε)` times the mean number of requests).
+//!
+//! A report is used only while it is younger than [`REPORT_MAX_AGE`] (3 s: a few report
+//! intervals, so one lost datagram does not matter). A node whose reports stop — its engine
+//! has no metrics, its node is wedged, datagrams are lost — falls back to this gateway's
+//! in-flight count alone, and is never preferred on figures older than that. Since every
+//! gateway reads the same reports, gateways also agree on loads far more often than on their
+//! own counts alone, which keeps prefix affinity identical across them under load.
 //!
 //! Reading the prefix never refuses a request: a `messages` or `prompt` of an unexpected shape
 //! simply has no content to key on (the engine judges it, as before), and only the bounded head
@@ -23,17 +57,43 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tela_core::routing::MESSAGE_BYTES;
 use tela_core::{NodeId, Prefix, PrefixHasher, RouteError, RoutingPolicy};
+use tela_runtime::load_report::FreshLoad;
 use tela_runtime::status::RegistrySnapshot;
 use tela_runtime::RuntimeView;
 use tela_transports::Connection;
 
 use crate::metrics::NodeLabel;
+
+/// Engine load reports older than this are ignored: the node's load is this gateway's
+/// in-flight count alone (see the module docs).
+pub const REPORT_MAX_AGE: Duration = Duration::from_secs(3);
+
+/// KV-cache usage, per-mille, from which a busy engine counts one request more.
+pub const KV_PRESSURE_PERMILLE: u16 = 900;
+
+/// The load the routing policy gets for a node: this gateway's in-flight count `own`
+/// combined with the engine's fresh report, if any (see the module docs).
+pub fn combined_load(own: u32, report: Option<FreshLoad>) -> u32 {
+    let Some(FreshLoad { engine, local_at_arrival }) = report else {
+        return own;
+    };
+    let others = engine.running.saturating_add(engine.waiting).saturating_sub(local_at_arrival);
+    let kv_pressure = engine.running > 0 && engine.kv_permille.is_some_and(|kv| kv >= KV_PRESSURE_PERMILLE);
+    own.saturating_add(others).saturating_add(u32::from(kv_pressure))
+}
+
+/// `node`'s load as the policy sees it at `now`: [`combined_load`] of this gateway's count and
+/// the node's report, if younger than [`REPORT_MAX_AGE`].
+pub fn node_load(view: &RuntimeView, load: &NodeLoad, node: &NodeId, now: Instant) -> u32 {
+    combined_load(load.get(node), view.load_reports().fresh(node, now, REPORT_MAX_AGE))
+}
 
 /// In-flight requests per node, as this gateway counts them.
 #[derive(Clone)]
@@ -166,13 +226,14 @@ pub fn choose(
             _ => false,
         }
     };
+    let now = Instant::now();
     let node = tela_core::route_with(
         policy,
         snapshot.replica(),
         target.model,
         target.prefix,
         &mut usable,
-        |id| load.get(&id),
+        |id| node_load(view, load, &id, now),
         &mut rand::rng(),
     )?;
     let connection = match connections.remove(&node) {
@@ -525,6 +586,48 @@ mod tests {
 
     fn of(pairs: &[(&str, &str)]) -> Prefix {
         Prefix::of_messages(pairs.iter().map(|(r, c)| (*r, c.as_bytes())))
+    }
+
+    /// A report of `running` and `waiting` (and KV usage) that arrived while this gateway had
+    /// `own_then` requests in flight on the node.
+    fn report(running: u32, waiting: u32, kv_permille: Option<u16>, own_then: u32) -> Option<FreshLoad> {
+        let engine = tela_runtime::load_report::EngineLoad { running, waiting, kv_permille };
+        Some(FreshLoad { engine, local_at_arrival: own_then })
+    }
+
+    #[test]
+    fn loads_combine_the_own_count_with_the_engine_report() {
+        assert_eq!(combined_load(3, None), 3, "no report: in-flight alone");
+        assert_eq!(combined_load(0, report(4, 2, Some(300), 0)), 6, "others' requests count");
+        assert_eq!(combined_load(3, report(2, 1, Some(100), 3)), 3, "own requests are not counted twice");
+        assert_eq!(combined_load(5, report(2, 1, None, 3)), 5, "own requests sent since the report count");
+        assert_eq!(combined_load(0, report(1, 0, None, 1)), 0, "an own request that ended since does not");
+        assert_eq!(combined_load(1, report(0, 0, None, 1)), 1, "one the engine has not seen yet counts");
+        // KV usage breaks ties between engines running alike, but not on an idle engine.
+        assert_eq!(combined_load(0, report(2, 0, Some(950), 0)), 3);
+        assert_eq!(combined_load(0, report(2, 0, Some(899), 0)), 2);
+        assert_eq!(combined_load(0, report(0, 0, Some(1000), 0)), 0);
+        assert_eq!(combined_load(u32::MAX, report(u32::MAX, u32::MAX, Some(1000), 0)), u32::MAX);
+    }
+
+    #[test]
+    fn stale_reports_fall_back_to_in_flight() {
+        use tela_runtime::load_report::{encode, LoadReport, LoadReports, ModelLoad};
+        let reports = LoadReports::default();
+        let node = NodeId([7; 16]);
+        let at = Instant::now();
+        let busy = LoadReport {
+            epoch: 1,
+            seq: 1,
+            models: vec![ModelLoad { model: "m".into(), running: 8, waiting: 4, kv_permille: Some(500) }],
+        };
+        reports.count_local_with(|_| 1);
+        reports.receive(node, &encode(&busy), at).expect("a valid report");
+        let load_at = |now: Instant| combined_load(1, reports.fresh(&node, now, REPORT_MAX_AGE));
+        assert_eq!(load_at(at), 12);
+        assert_eq!(load_at(at + REPORT_MAX_AGE - Duration::from_millis(1)), 12);
+        assert_eq!(load_at(at + REPORT_MAX_AGE), 1, "a stale report is ignored");
+        assert_eq!(combined_load(1, reports.fresh(&NodeId([8; 16]), at, REPORT_MAX_AGE)), 1, "never reported");
     }
 
     #[test]

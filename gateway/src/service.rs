@@ -21,10 +21,16 @@
 //! A request for a spinnable model with no usable replica first waits in the cold-start queue
 //! ([`crate::spin::cold_start`]): 503 with `Retry-After` when no replica came in time, 429 when
 //! the queue is full.
+//!
+//! Every inference request that named a model is accounted once it ends ([`crate::ledger`]):
+//! per-key and per-model counters, the key's limits corrected to the engine's token counts,
+//! and a row in the usage ledger when the gateway keeps one. A streamed request whose client
+//! did not ask for the final usage is forwarded asking for it, and the usage is taken out of
+//! what the client receives ([`crate::body`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
@@ -39,6 +45,7 @@ use tokio::sync::Semaphore;
 use crate::api_error::ApiError;
 use crate::auth::{Access, Caller, ModelScope};
 use crate::body::{GatewayBody, Held};
+use crate::ledger::Charge;
 use crate::metrics::Metrics;
 use crate::proxy::{ApiRequest, ProxySettings};
 use crate::routing::NodeLoad;
@@ -83,6 +90,8 @@ pub struct Shared {
     pub(crate) started: Instant,
     /// Spinning and the cold-start queue, when the gateway spins models.
     pub(crate) spin: Option<Arc<crate::spin::SpinShared>>,
+    /// Where each request's row goes, when the gateway keeps a usage ledger.
+    pub(crate) ledger: Option<crate::ledger::Ledger>,
 }
 
 impl Shared {
@@ -108,6 +117,7 @@ impl Shared {
             proxy,
             started: Instant::now(),
             spin: None,
+            ledger: None,
         }
     }
 
@@ -134,6 +144,16 @@ struct Peek<'a> {
     /// A completions request's prompt, likewise.
     #[serde(default)]
     prompt: Option<crate::routing::Prompt>,
+    /// Whether the client asked for a stream's final usage itself.
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+/// `stream_options` of a request.
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
 }
 
 /// Serves one request.
@@ -210,6 +230,7 @@ fn metrics(shared: &Shared) -> Response<GatewayBody> {
 
 /// An inference request: limits, the cheap parse, then forwarding.
 async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -> Response<GatewayBody> {
+    let (arrived, started) = (SystemTime::now(), Instant::now());
     let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
         return shared.answer_error(ApiError::overloaded(shared.limits.max_concurrent), "-");
     };
@@ -237,37 +258,74 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
         return shared
             .answer_error(ApiError::bad_param("model", "the request has no 'model'; name one of GET /v1/models"), "-");
     };
-    let key_guard = match admit_key(shared, caller, &model, parts.uri.path(), &body) {
-        Ok(guard) => guard,
-        Err(refused) => return *refused,
-    };
     let stream = peek.stream.unwrap_or(false);
+    let path = parts.uri.path();
+    let asked = crate::ledger::Asked { model: model.clone(), endpoint: path.to_string(), stream, arrived, started };
+    let payer = caller.entry().map(|entry| crate::ledger::Payer {
+        key: entry.name.clone(),
+        hash: crate::ledger::key_hash(
+            parts.headers.get("authorization").map(|h| h.as_bytes()),
+            parts.headers.get("api-key").map(|h| h.as_bytes()),
+        ),
+        account: entry.account.clone(),
+    });
+    let charge = |settlement| {
+        Charge::new(shared.metrics.clone(), shared.ledger.clone(), payer.clone(), asked.clone(), settlement)
+    };
+    let key_guard = match admit_key(shared, caller, &model, path, &body) {
+        Ok(guard) => guard,
+        Err(refused) => {
+            charge(None).refused(refused.status().as_u16());
+            return *refused;
+        }
+    };
+    let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");
+    let asked_usage = peek.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
     // Messages win over a prompt; a request with neither keys on nothing (least-loaded).
     let prefix = [peek.messages.map(|m| m.0), peek.prompt.map(|p| p.0)]
         .into_iter()
         .flatten()
         .find(|p| p.key().is_some())
         .unwrap_or_default();
+    // Asked of the engine, so that the stream's tokens are counted (see the module docs).
+    let with_usage = (stream && generates && !asked_usage).then(|| crate::body::ask_for_usage(&body)).flatten();
+    let strip_usage = with_usage.is_some();
+    let body = with_usage.unwrap_or(body);
     let mut held: Vec<Held> = vec![Box::new(permit)];
     let settlement = key_guard.as_ref().map(|g| g.settlement());
+    let charge = charge(settlement.clone());
     held.extend(key_guard.map(|g| Box::new(g) as Held));
     if let Some(spin) = shared.spin.as_ref().filter(|s| s.is_spinnable(&model)) {
         if let Err(e) = crate::spin::cold_start::admit(shared, spin, &model).await {
-            return shared.answer_error(e, &model);
+            let response = shared.answer_error(e, &model);
+            charge.refused(response.status().as_u16());
+            return response;
         }
         if let Some(guard) = spin.demand.enter(&model) {
             held.push(Box::new(guard));
         }
     }
     let model_name = model.clone();
-    let request = ApiRequest { head: crate::proxy::tunnel_head(&parts), body, model, prefix, stream, ready_at, held };
+    let mut head = crate::proxy::tunnel_head(&parts);
+    if strip_usage {
+        // The body grew: the node passes the client's headers on to the engine.
+        for (_, value) in head.headers.iter_mut().filter(|(name, _)| name == "content-length") {
+            *value = body.len().to_string().into_bytes();
+        }
+    }
+    let request =
+        ApiRequest { head, body, model, prefix, stream, ready_at, held, charge: Some(charge.clone()), strip_usage };
     let routed_at = Instant::now();
     let response = crate::proxy::forward(shared, request).await;
+    let tunnelled = matches!(response.body(), GatewayBody::Tunnel(_));
     if let Some(settlement) = settlement {
         // A node answered: the key's tokens are spent (they are refunded otherwise).
-        if response.status().is_success() && matches!(response.body(), GatewayBody::Tunnel(_)) {
+        if response.status().is_success() && tunnelled {
             settlement.answered();
         }
+    }
+    if !tunnelled {
+        charge.refused(response.status().as_u16());
     }
     if let Some(spin) = &shared.spin {
         spin.demand.first_byte(&model_name, routed_at.elapsed());

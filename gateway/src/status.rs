@@ -10,12 +10,18 @@
 //!  "nodes": [{"id": "…", "short": "1a2b3c4d", "role": "serving", "state": "SERVE",
 //!             "generation": 1733, "models": ["llama"], "alive": true, "routable": true,
 //!             "tunnel": true, "silent": false, "in_flight": 2, "reported_in_flight": 1,
+//!             "load": 7,
+//!             "engine": {"running": 4, "waiting": 3, "kv_permille": 612, "age_ms": 420,
+//!                        "fresh": true, "seq": 118,
+//!                        "models": [{"model": "llama", "running": 4, "waiting": 3, "kv_permille": 612}]},
 //!             "gpus": {"model": "H100", "count": 4, "vram_mib": 81920}, "reach": "outbound-only"}]}
 //! ```
 //!
 //! `routing` is the policy that picks among a model's nodes (`--routing`); `in_flight` is this
-//! gateway's count, the load that policy balances; `reported_in_flight` what the node last
-//! gossiped.
+//! gateway's count; `engine` the node's last load report from its engine (`null` if none came),
+//! its age here and whether it is young enough to count (`fresh`); `load` what the policy
+//! balances, the two combined ([`crate::routing::combined_load`]); `reported_in_flight` what
+//! the node last gossiped.
 //!
 //! A gateway that spins models adds `spin` ([`crate::spin::SpinShared::status_json`]):
 //!
@@ -64,6 +70,7 @@ pub fn status(shared: &Shared) -> Response<GatewayBody> {
 pub fn status_json(shared: &Shared) -> Value {
     let snapshot = shared.view.snapshot();
     let local = snapshot.local();
+    let now = std::time::Instant::now();
     let mut nodes: Vec<Value> = snapshot
         .replica()
         .slots()
@@ -73,6 +80,20 @@ pub fn status_json(shared: &Shared) -> Value {
             let connection = shared.view.connection(&r.id).filter(|c| c.close_reason().is_none());
             let tunnel = connection.is_some();
             let silent = connection.is_some_and(|c| shared.silent.is_silent(&r.id, &c));
+            let engine = shared.view.load_reports().latest(&r.id).map(|got| {
+                let total = got.report.total();
+                json!({
+                    "running": total.running,
+                    "waiting": total.waiting,
+                    "kv_permille": total.kv_permille,
+                    "age_ms": u64::try_from(got.age(now).as_millis()).unwrap_or(u64::MAX),
+                    "fresh": got.age(now) < crate::routing::REPORT_MAX_AGE,
+                    "seq": got.report.seq,
+                    "models": got.report.models.iter().map(|m| json!({
+                        "model": m.model, "running": m.running, "waiting": m.waiting, "kv_permille": m.kv_permille,
+                    })).collect::<Vec<_>>(),
+                })
+            });
             json!({
                 "id": hex(&r.id),
                 "short": r.id.to_string(),
@@ -86,6 +107,8 @@ pub fn status_json(shared: &Shared) -> Value {
                 "silent": silent,
                 "in_flight": shared.load.get(&r.id),
                 "reported_in_flight": r.load.in_flight,
+                "load": crate::routing::node_load(&shared.view, &shared.load, &r.id, now),
+                "engine": engine,
                 "gpus": {
                     "model": format!("{:?}", r.hardware.gpu),
                     "count": r.hardware.gpu_count,

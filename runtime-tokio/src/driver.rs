@@ -20,6 +20,7 @@
 //! set is dropped, which aborts them all, and every connection is closed with a reason.
 
 use crate::backoff::Backoff;
+use crate::load_report::is_load_report;
 use crate::runtime::{Exit, IncomingStream, RuntimeConfig, RuntimeView, StreamHandler};
 use crate::status::RegistrySnapshot;
 use bytes::Bytes;
@@ -531,7 +532,8 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Reads one connection's datagrams into the driver and serves the streams the peer opens.
+/// Reads one connection's datagrams into the driver (load reports into the runtime's table
+/// instead) and serves the streams the peer opens.
 async fn serve_connection(
     conn: Connection,
     id: u64,
@@ -544,6 +546,12 @@ async fn serve_connection(
     let reason = loop {
         tokio::select! {
             datagram = conn.read_datagram() => match datagram {
+                Ok(payload) if is_load_report(&payload) => {
+                    // The runtime's own, not the core's: kept for routing, never gossiped.
+                    if let Err(e) = view.shared.load_reports.receive(peer, &payload, std::time::Instant::now()) {
+                        tracing::debug!(%peer, "dropped a load report from {peer}: {e}");
+                    }
+                }
                 Ok(payload) => {
                     // Waits when the driver is behind: backpressure reaches the transport,
                     // which drops datagrams rather than queue them without bound.

@@ -5,6 +5,8 @@
 //! response is fully sent; dropping the guard (also on error or cancellation) leaves. Every
 //! change wakes the driver, which reads the latest count — changes in between coalesce, but
 //! the last one is never missed, which is what the core's drain needs (LEFT once it reads 0).
+//! It wakes the engine's load reporter the same way ([`InFlight::changed_for_reports`]), which
+//! tells the gateways at once that a tunnelled request started or ended.
 
 use crate::sync::{Arc, AtomicU32, Ordering};
 
@@ -19,6 +21,8 @@ struct Inner {
     count: AtomicU32,
     #[cfg(not(loom))]
     changed: tokio::sync::Notify,
+    #[cfg(not(loom))]
+    changed_for_reports: tokio::sync::Notify,
 }
 
 /// One request in flight; leaves when dropped.
@@ -52,6 +56,12 @@ impl InFlight {
     pub async fn changed(&self) {
         self.inner.changed.notified().await;
     }
+
+    /// As [`InFlight::changed`], for a second waiter: the engine's load reporter.
+    #[cfg(not(loom))]
+    pub async fn changed_for_reports(&self) {
+        self.inner.changed_for_reports.notified().await;
+    }
 }
 
 impl Inner {
@@ -59,7 +69,10 @@ impl Inner {
         // `notify_one` stores a permit when nobody waits, so a change made while the driver
         // is busy is seen on its next wait.
         #[cfg(not(loom))]
-        self.changed.notify_one();
+        {
+            self.changed.notify_one();
+            self.changed_for_reports.notify_one();
+        }
     }
 }
 
@@ -132,5 +145,9 @@ mod tests {
         drop(guard);
         tokio::time::timeout(Duration::from_secs(1), in_flight.changed()).await.expect("the leave wakes");
         assert_eq!(in_flight.get(), 0);
+        // The reporter has a wake-up of its own: the driver's did not consume it.
+        tokio::time::timeout(Duration::from_secs(1), in_flight.changed_for_reports())
+            .await
+            .expect("the reporter is woken too");
     }
 }

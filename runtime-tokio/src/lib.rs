@@ -6,7 +6,8 @@
 //!
 //! - [`node`] — `tela node`, a serving node: probes or launches the inference engine,
 //!   discovers its GPUs ([`gpu`]), dials out to the gateways and anchors (`--join`), serves
-//!   the requests they tunnel to it ([`forward`]), and drains before its walltime
+//!   the requests they tunnel to it ([`forward`]), pushes the engine's own load to the
+//!   gateways ([`engine::report_load`], [`load_report`]), and drains before its walltime
 //!   ([`walltime`], signals, `tela drain` over the [`control`] socket).
 //! - [`anchor`] — a public member with no engine that outbound-only nodes dial; the gateway
 //!   embeds one, `tela anchor` runs one alone.
@@ -24,6 +25,11 @@
 //! engine and ends itself when the core says so. The application reads the registry through
 //! [`RegistrySnapshot`](status::RegistrySnapshot)s, which the driver publishes into a
 //! [`SnapshotCell`](snapshot::SnapshotCell) that request handlers read without waiting.
+//!
+//! Load reports do not go through the core: they are the runtime's own datagrams, told apart
+//! from the core's by their first byte ([`load_report`]). A node sends them with
+//! [`RuntimeView::send_to_gateways`]; the connection tasks of a receiving runtime keep the
+//! latest of each node in [`RuntimeView::load_reports`], which the gateway routes by.
 //!
 //! ```no_run
 //! use tela_core::{Config, Model};
@@ -65,7 +71,9 @@
 //! [`SnapshotCell`](snapshot::SnapshotCell) (readers always get a complete snapshot and never
 //! block the writer for longer than an `Arc` clone), [`InFlight`](inflight::InFlight) (the
 //! in-flight counter never loses or invents a request) and [`PeerTable`](peers::PeerTable)
-//! (a redial never leaves a peer without a connection). Run them with
+//! (a redial never leaves a peer without a connection). The one other, the load-report table
+//! ([`LoadReports`](load_report::LoadReports)), is a mutex around a map whose every use is one
+//! short critical section that calls out to nothing. Run the loom tests with
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
@@ -112,6 +120,8 @@ pub mod forward;
 pub mod gpu;
 #[cfg(not(loom))]
 pub mod identity;
+#[cfg(not(loom))]
+pub mod load_report;
 #[cfg(not(loom))]
 pub mod node;
 #[cfg(not(loom))]

@@ -10,13 +10,14 @@
 use crate::clock::Clock;
 use crate::driver::{Driver, ToDriver};
 use crate::inflight::InFlight;
+use crate::load_report::LoadReports;
 use crate::peers::PeerTable;
 use crate::snapshot::SnapshotCell;
 use crate::status::RegistrySnapshot;
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
-use tela_core::{Config, Event, Input, Model, NodeId, Time};
+use tela_core::{Config, Event, Input, Model, NodeId, Role, Time};
 use tela_transports::{Connection, Endpoint, RecvStream, SendStream, TransportMode};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
@@ -103,6 +104,7 @@ pub(crate) struct Shared {
     pub snapshot: SnapshotCell<RegistrySnapshot>,
     pub in_flight: InFlight,
     pub peers: PeerTable<Connection>,
+    pub load_reports: LoadReports,
 }
 
 /// What request handlers may read: the latest registry snapshot, the in-flight counter and
@@ -136,6 +138,30 @@ impl RuntimeView {
     /// The runtime's clock (maps instants onto the core's timeline).
     pub fn clock(&self) -> Clock {
         self.shared.clock
+    }
+
+    /// The latest load report of each node that sent one here ([`crate::load_report`]).
+    pub fn load_reports(&self) -> &LoadReports {
+        &self.shared.load_reports
+    }
+
+    /// Sends `datagram` on the connection to every connected gateway: every peer whose record
+    /// is not a serving node's (one the registry does not know yet counts as a gateway: only
+    /// gateways and anchors take connections). Never waits; a datagram that cannot be sent is
+    /// dropped, as datagrams are.
+    pub fn send_to_gateways(&self, datagram: &bytes::Bytes) {
+        let snapshot = self.snapshot();
+        for peer in self.shared.peers.peers() {
+            let serving = snapshot.replica().get(&peer).is_some_and(|s| s.record().role == Role::Serving);
+            if serving {
+                continue;
+            }
+            if let Some(conn) = self.shared.peers.get(&peer) {
+                if let Err(e) = conn.send_datagram(datagram.clone()) {
+                    tracing::debug!(%peer, "load report to {peer} not sent: {e}");
+                }
+            }
+        }
     }
 }
 
@@ -226,6 +252,7 @@ impl Runtime {
             snapshot: SnapshotCell::new(RegistrySnapshot::of(&node, now, 0)),
             in_flight: InFlight::new(),
             peers: PeerTable::default(),
+            load_reports: LoadReports::default(),
         });
         let view = RuntimeView { shared };
         let (tx, rx) = mpsc::channel(DRIVER_QUEUE);

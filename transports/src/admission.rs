@@ -28,10 +28,11 @@ use std::fmt;
 use tela_core::NodeId;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// The version of the admission exchange and control-stream frames spoken by this build
-/// (3: `Hello` and `Welcome` no longer name a membership protocol, SWIM being the only one;
-/// 2 named it).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// The version of the admission exchange, control-stream frames and connection datagrams
+/// spoken by this build (4: nodes send engine load reports as tagged datagrams, which a build
+/// of 3 would refuse one by one; 3: `Hello` and `Welcome` no longer name a membership protocol,
+/// SWIM being the only one; 2 named it).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The TLS exporter label of the admission proof.
 pub(crate) const EXPORTER_LABEL: &[u8] = b"EXPORTER-tela-admission";

@@ -19,6 +19,10 @@ pub type EngineBody = BoxBody<Bytes, BodyError>;
 
 /// Largest `/v1/models` answer read; real ones are a few KB.
 const MAX_MODELS_BODY: usize = 1024 * 1024;
+/// What the probes accept.
+const JSON: &str = "application/json";
+/// What a metrics request accepts: the Prometheus text format, not OpenMetrics or protobuf.
+const PROMETHEUS: &str = "text/plain;version=0.0.4;q=1,*/*;q=0.1";
 
 /// An engine on (usually) loopback: its base URL and a client with a keep-alive pool.
 #[derive(Clone, Debug)]
@@ -136,32 +140,45 @@ impl Backend {
     /// the llama.cpp Python server), in which case `/v1/models` decides alone — and
     /// `GET /v1/models` must list the served models.
     pub async fn probe(&self, timeout: Duration) -> Result<Vec<Model>, ProbeError> {
-        let (status, _) = self.get("/health", timeout, 0).await?;
+        let (status, _) = self.get("/health", timeout, 0, JSON).await?;
         let health_missing =
             matches!(status, StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED);
         if !status.is_success() && !health_missing {
             return Err(ProbeError::Status { url: self.display("/health"), status });
         }
         let url = self.display("/v1/models");
-        let (status, body) = self.get("/v1/models", timeout, MAX_MODELS_BODY).await?;
+        let (status, body) = self.get("/v1/models", timeout, MAX_MODELS_BODY, JSON).await?;
         if !status.is_success() {
             return Err(ProbeError::Status { url, status });
         }
         parse_models(&body).map_err(|detail| ProbeError::BadModels { url, detail })
     }
 
-    fn display(&self, path: &str) -> String {
+    /// `GET /metrics` (the Prometheus text format): the status and at most `max_body` bytes
+    /// of the body.
+    pub async fn metrics(&self, timeout: Duration, max_body: usize) -> Result<(StatusCode, Bytes), ProbeError> {
+        self.get("/metrics", timeout, max_body, PROMETHEUS).await
+    }
+
+    /// The URL of `path` at the engine, for messages.
+    pub fn display(&self, path: &str) -> String {
         format!("{}{}{path}", self.scheme_authority, self.prefix)
     }
 
-    async fn get(&self, path: &str, timeout: Duration, max_body: usize) -> Result<(StatusCode, Bytes), ProbeError> {
+    async fn get(
+        &self,
+        path: &str,
+        timeout: Duration,
+        max_body: usize,
+        accept: &'static str,
+    ) -> Result<(StatusCode, Bytes), ProbeError> {
         let url = self.display(path);
         let uri =
             self.uri_for(path).map_err(|e| ProbeError::Unreachable { url: url.clone(), detail: e.to_string() })?;
         let request = Request::builder()
             .method(Method::GET)
             .uri(uri)
-            .header(http::header::ACCEPT, "application/json")
+            .header(http::header::ACCEPT, accept)
             .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed())
             .map_err(|e| ProbeError::Unreachable { url: url.clone(), detail: e.to_string() })?;
         let exchange = async {

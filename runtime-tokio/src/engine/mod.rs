@@ -11,13 +11,19 @@
 //!   core starts a new generation (a DOWN record cannot come back within its generation);
 //! - when the core asks to stop the engine (the node has LEFT) it stops a launched engine
 //!   with SIGTERM, then SIGKILL after the grace, and ends.
+//!
+//! Beside it, [`report_load`] reads the engine's own load from its `/metrics` ([`metrics`])
+//! and pushes it to the gateways as load reports ([`crate::load_report`]).
 
 mod backend;
+mod load;
+pub mod metrics;
 mod process;
 
 pub use backend::{
     error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ProbeError,
 };
+pub use load::{report_load, LoadConfig};
 pub use process::EngineProcess;
 
 use crate::backoff::Backoff;

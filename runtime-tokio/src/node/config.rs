@@ -11,6 +11,9 @@ use tela_core::record::{MAX_MODELS, MAX_MODEL_NAME};
 use tela_core::Hardware;
 use tela_transports::{JoinSecret, TransportMode};
 
+/// The longest `--load-interval`: gateways judge reports older than a few seconds stale.
+const MAX_LOAD_INTERVAL: Duration = Duration::from_secs(1);
+
 const AFTER_HELP: &str = "\
 SETTINGS
   Every flag has a TELA_* environment variable (shown with each flag) and a key of the same
@@ -118,6 +121,11 @@ pub struct NodeArgs {
     #[arg(long, env = "TELA_PROBE_INTERVAL", value_name = "DURATION")]
     pub probe_interval: Option<String>,
 
+    /// Time between reads of the engine's /metrics, whose load (running and waiting requests,
+    /// KV-cache usage) is pushed to the gateways for routing; at most 1s [default: 500ms].
+    #[arg(long, env = "TELA_LOAD_INTERVAL", value_name = "DURATION")]
+    pub load_interval: Option<String>,
+
     /// End a tunnelled request when the engine sends nothing for this long (there is no
     /// limit on a request's total time) [default: 5m].
     #[arg(long, env = "TELA_STREAM_IDLE_TIMEOUT", value_name = "DURATION")]
@@ -154,6 +162,7 @@ struct FileConfig {
     models: Option<Vec<String>>,
     control: Option<PathBuf>,
     probe_interval: Option<String>,
+    load_interval: Option<String>,
     stream_idle_timeout: Option<String>,
     engine_stop_grace: Option<String>,
 }
@@ -185,6 +194,8 @@ pub struct NodeSettings {
     pub control: PathBuf,
     /// Probe interval.
     pub probe_interval: Duration,
+    /// Time between reads of the engine's load.
+    pub load_interval: Duration,
     /// Stream idle timeout.
     pub stream_idle_timeout: Duration,
     /// Engine stop grace.
@@ -237,6 +248,9 @@ pub enum NodeConfigError {
     /// A duration that must be positive is zero.
     #[error("--{0} must be longer than zero")]
     ZeroDuration(&'static str),
+    /// Load read too rarely for gateways to route by it.
+    #[error("--load-interval {0:?} is longer than 1s: gateways ignore load reports older than a few seconds")]
+    LoadIntervalTooLong(Duration),
     /// Unknown hardware profile.
     #[error("--hardware-profile: {0}")]
     Profile(#[from] ProfileError),
@@ -310,6 +324,10 @@ impl NodeArgs {
             Some(w) => Some(parse_duration("walltime", &w)?),
             None => None,
         };
+        let load_interval = duration("load-interval", &self.load_interval, file.load_interval, "500ms")?;
+        if load_interval > MAX_LOAD_INTERVAL {
+            return Err(NodeConfigError::LoadIntervalTooLong(load_interval));
+        }
         Ok(NodeSettings {
             join,
             join_secret,
@@ -323,6 +341,7 @@ impl NodeArgs {
             models: models.map(|m| m.into_iter().map(|s| s.trim().to_string()).collect()),
             control: pick(&self.control, file.control).unwrap_or_else(default_control_path),
             probe_interval: duration("probe-interval", &self.probe_interval, file.probe_interval, "2s")?,
+            load_interval,
             stream_idle_timeout: duration(
                 "stream-idle-timeout",
                 &self.stream_idle_timeout,
@@ -436,6 +455,7 @@ transport = "tcp"
         assert_eq!(s.transport, TransportMode::Tcp, "file over default");
         assert_eq!(s.join, vec!["file-gw:7000".to_string()]);
         assert_eq!(s.stream_idle_timeout, Duration::from_secs(300), "default");
+        assert_eq!(s.load_interval, Duration::from_millis(500), "default");
         assert_eq!(s.backend_url, "http://127.0.0.1:8000");
         assert!(s.walltime.is_none());
     }
@@ -457,6 +477,8 @@ transport = "tcp"
         assert!(e.contains("http://"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--walltime", "0s"]);
         assert!(e.contains("longer than zero"), "{e}");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--load-interval", "5s"]);
+        assert!(e.contains("longer than 1s"), "{e}");
 
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("bad.toml");

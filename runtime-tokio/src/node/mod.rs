@@ -2,7 +2,8 @@
 //!
 //! [`run_node`] wires the pieces together and owns them until the node exits: the
 //! [`Runtime`] (driver, connections to the `--join` addresses), the engine supervisor
-//! ([`crate::engine::supervise`]), the tunnel handler ([`crate::forward`]), the control
+//! ([`crate::engine::supervise`]), the engine's load reports to the gateways
+//! ([`crate::engine::report_load`]), the tunnel handler ([`crate::forward`]), the control
 //! socket ([`crate::control`]), and the signals that drain it.
 
 mod config;
@@ -11,7 +12,7 @@ pub use config::{NodeArgs, NodeConfigError, NodeSettings};
 
 use crate::clock::generation_now;
 use crate::control::{ControlServer, ControlSocketError};
-use crate::engine::{supervise, Backend, EngineConfig};
+use crate::engine::{report_load, supervise, Backend, EngineConfig, LoadConfig};
 use crate::forward::{tunnel_handler, ForwardConfig};
 use crate::gpu;
 use crate::identity::load_identity;
@@ -126,6 +127,9 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
         ..EngineConfig::default()
     };
     let stop_engine = runtime.stop_engine();
+    let load = LoadConfig { interval: settings.load_interval, ..LoadConfig::default() };
+    let _load_reports =
+        AbortOnDropHandle::new(tokio::spawn(report_load(backend.clone(), load, runtime.view(), stop_engine.clone())));
     let mut engine =
         AbortOnDropHandle::new(tokio::spawn(supervise(backend, engine_config, inputs.clone(), stop_engine.clone())));
 

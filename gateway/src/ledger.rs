@@ -1,0 +1,716 @@
+//! The usage ledger: one row per API request in the gateway's database ([`crate::db`]) —
+//! when it came, whose key, which account it is charged to, which model and node, the
+//! engine's own token counts, how long it took and how it ended. `tela usage`
+//! ([`crate::usage`]) reports from it.
+//!
+//! # Columns of `requests`
+//!
+//! | column | what |
+//! |---|---|
+//! | `time_ms` | when the request arrived, Unix milliseconds (UTC) |
+//! | `key_name`, `key_hash`, `account` | the key's name and the first 12 hex digits of its SHA-256 (what its key-file line starts with), and the account its line charges; NULL on a gateway without keys |
+//! | `model`, `endpoint`, `stream` | what was asked: the model, the path (`/v1/chat/completions`), and whether it streamed |
+//! | `node` | the node that answered; NULL when the gateway answered itself (404, 429, 503) |
+//! | `status`, `outcome` | the HTTP status sent, and `complete`, `broken` (cut after the first byte), `abandoned` (the client left) or `refused` (the gateway answered) |
+//! | `prompt_tokens`, `completion_tokens` | the engine's `usage`; NULL when it reported none |
+//! | `latency_ms`, `ttft_ms` | from the request's arrival to its last byte, and to the response's first byte |
+//!
+//! For example, tokens per account today:
+//! `SELECT account, SUM(prompt_tokens + completion_tokens) FROM requests WHERE time_ms >= 1000 * unixepoch('now', 'start of day') GROUP BY account;`
+//!
+//! # Off the request path
+//!
+//! A request's row is handed to a bounded channel ([`Ledger::record`] never waits) and one
+//! writer thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] — so a
+//! crash or `kill -9` loses at most the rows of the last half second (and, in WAL mode, never
+//! the file). When the channel is full the row is dropped and counted
+//! (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests. When the database
+//! cannot be written — a full disk, a read-only directory, a file taken away — requests keep
+//! flowing: the writer counts each failure (`tela_gateway_ledger_errors_total`), logs an error
+//! at most once a minute, keeps up to [`MAX_PENDING`] rows to write once it can, and reopens
+//! the file every few seconds. Rows older than the retention period are deleted hourly.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::metrics::counter::Counter;
+use rusqlite::Connection;
+
+use crate::body::{BodyEnd, Ending};
+use crate::limits::Settlement;
+use crate::metrics::{KeyLabel, KeyTokenLabels, Metrics, ModelTokenLabels};
+
+/// How often the writer commits what has arrived: the most a crash loses.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// Rows waiting in the channel before new ones are dropped.
+const CHANNEL_ROWS: usize = 16 * 1024;
+
+/// Most rows in one transaction.
+const MAX_BATCH: usize = 4096;
+
+/// Most rows kept in memory while the database cannot be written; older ones are dropped.
+pub const MAX_PENDING: usize = 20_000;
+
+/// How long after a failure the writer tries the file again.
+const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+/// How often old rows are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// At most one error line per this long.
+const LOUD_EVERY: Duration = Duration::from_secs(60);
+
+/// Where the ledger lives and how long it keeps rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerConfig {
+    /// The database file.
+    pub path: PathBuf,
+    /// Rows older than this are deleted; `None` keeps them forever.
+    pub retention: Option<Duration>,
+}
+
+impl LedgerConfig {
+    /// The file `path`, keeping rows `retention_days` days (0: forever).
+    pub fn new(path: PathBuf, retention_days: u32) -> LedgerConfig {
+        let retention = (retention_days > 0).then(|| Duration::from_secs(u64::from(retention_days) * 86_400));
+        LedgerConfig { path, retention }
+    }
+}
+
+/// One request's row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    /// Arrival, Unix milliseconds.
+    pub time_ms: i64,
+    /// The key's name.
+    pub key_name: Option<String>,
+    /// The first 12 hex digits of the key's SHA-256.
+    pub key_hash: Option<String>,
+    /// The account charged.
+    pub account: Option<String>,
+    /// The model asked for.
+    pub model: String,
+    /// The node that answered.
+    pub node: Option<String>,
+    /// The path.
+    pub endpoint: String,
+    /// Whether it streamed.
+    pub stream: bool,
+    /// The HTTP status sent.
+    pub status: u16,
+    /// `complete`, `broken`, `abandoned` or `refused`.
+    pub outcome: &'static str,
+    /// The engine's prompt tokens.
+    pub prompt_tokens: Option<u64>,
+    /// The engine's completion tokens.
+    pub completion_tokens: Option<u64>,
+    /// Arrival to last byte.
+    pub latency_ms: u64,
+    /// Arrival to first byte.
+    pub ttft_ms: Option<u64>,
+}
+
+/// The ledger's own counters (registered in [`Metrics`]).
+#[derive(Clone, Debug, Default)]
+pub struct LedgerCounters {
+    /// Rows committed.
+    pub written: Counter,
+    /// Rows lost: the channel was full, or too many waited for a failing database.
+    pub dropped: Counter,
+    /// Failed opens, writes and deletes.
+    pub errors: Counter,
+}
+
+/// Where requests' rows go: a cheap handle on the writer thread (see the module docs).
+#[derive(Clone)]
+pub struct Ledger(Arc<Inner>);
+
+struct Inner {
+    tx: SyncSender<Row>,
+    stop: Arc<AtomicBool>,
+    dropped: Counter,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ledger")
+    }
+}
+
+impl Ledger {
+    /// Starts the writer thread. Never fails: a file that cannot be opened now is reported
+    /// and tried again, and requests are served meanwhile.
+    pub fn start(config: LedgerConfig, counters: LedgerCounters) -> Ledger {
+        let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_ROWS);
+        let stop = Arc::new(AtomicBool::new(false));
+        let dropped = counters.dropped.clone();
+        let writer = Writer::new(config, counters);
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tela-ledger".into())
+            .spawn(move || writer.run(rx, flag))
+            .map_err(|e| {
+                tracing::error!("the usage ledger's writer thread could not start: {e}; usage is not recorded")
+            })
+            .ok();
+        Ledger(Arc::new(Inner { tx, stop, dropped, thread: Mutex::new(thread) }))
+    }
+
+    /// Hands a row to the writer; drops it (counted) if the writer is that far behind.
+    pub fn record(&self, row: Row) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.0.tx.try_send(row) {
+            self.0.dropped.inc();
+        }
+    }
+
+    /// Writes what is waiting and stops the writer (blocking: call it off the async threads).
+    /// Rows recorded afterwards are dropped.
+    pub fn close(&self) {
+        self.0.stop.store(true, Ordering::Release);
+        let thread = self.0.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    config: LedgerConfig,
+    counters: LedgerCounters,
+    conn: Option<Connection>,
+    next_open: Instant,
+    pending: Vec<Row>,
+    next_prune: Instant,
+    failing: bool,
+    last_loud: Option<Instant>,
+    quiet_errors: u64,
+}
+
+impl Writer {
+    fn new(config: LedgerConfig, counters: LedgerCounters) -> Writer {
+        let now = Instant::now();
+        Writer {
+            config,
+            counters,
+            conn: None,
+            next_open: now,
+            pending: Vec::new(),
+            next_prune: now,
+            failing: false,
+            last_loud: None,
+            quiet_errors: 0,
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Row>, stop: Arc<AtomicBool>) {
+        // Open at once, so that a bad path is reported when the gateway starts.
+        let _ = self.connection(Instant::now());
+        let mut next_flush = Instant::now() + FLUSH_EVERY;
+        loop {
+            let wait = next_flush.saturating_duration_since(Instant::now());
+            let mut closing = false;
+            match rx.recv_timeout(wait) {
+                Ok(row) => {
+                    self.pending.push(row);
+                    while self.pending.len() < MAX_BATCH {
+                        let Ok(row) = rx.try_recv() else { break };
+                        self.pending.push(row);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => closing = true,
+            }
+            if stop.load(Ordering::Acquire) {
+                closing = true;
+                self.pending.extend(rx.try_iter());
+            }
+            let now = Instant::now();
+            if closing || now >= next_flush || self.pending.len() >= MAX_BATCH {
+                self.flush(now);
+                next_flush = now + FLUSH_EVERY;
+            }
+            if now >= self.next_prune {
+                self.prune(now);
+            }
+            if closing {
+                if !self.pending.is_empty() {
+                    self.counters.dropped.inc_by(self.pending.len() as u64);
+                    tracing::error!(
+                        "the usage ledger {} lost {} row(s) at shutdown: the database could not be written",
+                        self.config.path.display(),
+                        self.pending.len()
+                    );
+                }
+                return;
+            }
+        }
+    }
+
+    /// The open database, opening it if it is time to try.
+    fn connection(&mut self, now: Instant) -> Option<&mut Connection> {
+        if self.conn.is_none() && now >= self.next_open {
+            match crate::db::open(&self.config.path) {
+                Ok(conn) => {
+                    if self.failing {
+                        tracing::info!("the usage ledger {} is writable again", self.config.path.display());
+                        self.failing = false;
+                    }
+                    self.conn = Some(conn);
+                }
+                Err(e) => {
+                    self.fail(now, &e.to_string());
+                    self.next_open = now + REOPEN_AFTER;
+                }
+            }
+        }
+        self.conn.as_mut()
+    }
+
+    fn flush(&mut self, now: Instant) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let result = match self.connection(now) {
+            Some(conn) => insert(conn, &pending).map_err(|e| e.to_string()),
+            None => Err(String::new()),
+        };
+        match result {
+            Ok(()) => {
+                self.counters.written.inc_by(pending.len() as u64);
+            }
+            Err(e) => {
+                self.pending = pending;
+                if !e.is_empty() {
+                    let message = format!("cannot write to the usage ledger {}: {e}", self.config.path.display());
+                    self.fail(now, &message);
+                    // Start afresh: the file may have been replaced or its disk remounted.
+                    self.conn = None;
+                    self.next_open = now + REOPEN_AFTER;
+                }
+                let excess = self.pending.len().saturating_sub(MAX_PENDING);
+                if excess > 0 {
+                    self.pending.drain(..excess);
+                    self.counters.dropped.inc_by(excess as u64);
+                }
+            }
+        }
+    }
+
+    /// Deletes rows older than the retention period, a slice at a time.
+    fn prune(&mut self, now: Instant) {
+        self.next_prune = now + PRUNE_EVERY;
+        let Some(retention) = self.config.retention else { return };
+        let cutoff = unix_ms(SystemTime::now().checked_sub(retention).unwrap_or(UNIX_EPOCH));
+        let Some(conn) = self.connection(now) else { return };
+        match delete_before(conn, cutoff) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!("usage ledger: deleted {n} row(s) older than {} days", retention.as_secs() / 86_400)
+            }
+            Err(e) => {
+                let message = format!("cannot delete old rows of the usage ledger {}: {e}", self.config.path.display());
+                self.fail(now, &message);
+            }
+        }
+    }
+
+    /// Counts a failure and says so loudly — once a minute at most.
+    fn fail(&mut self, now: Instant, message: &str) {
+        self.counters.errors.inc();
+        self.failing = true;
+        if self.last_loud.is_some_and(|t| now.saturating_duration_since(t) < LOUD_EVERY) {
+            self.quiet_errors += 1;
+            return;
+        }
+        tracing::error!(
+            "{message}; requests are still served, but their usage is not recorded until this is fixed \
+             ({} row(s) waiting, {} more error(s) since the last report)",
+            self.pending.len(),
+            self.quiet_errors
+        );
+        self.last_loud = Some(now);
+        self.quiet_errors = 0;
+    }
+}
+
+/// Inserts `rows` in one transaction.
+pub fn insert(conn: &mut Connection, rows: &[Row]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut statement = tx.prepare_cached(
+            "INSERT INTO requests (time_ms, key_name, key_hash, account, model, node, endpoint, stream, status,
+                 outcome, prompt_tokens, completion_tokens, latency_ms, ttft_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        )?;
+        for r in rows {
+            statement.execute(rusqlite::params![
+                r.time_ms,
+                r.key_name,
+                r.key_hash,
+                r.account,
+                r.model,
+                r.node,
+                r.endpoint,
+                r.stream,
+                r.status,
+                r.outcome,
+                r.prompt_tokens.map(saturating_i64),
+                r.completion_tokens.map(saturating_i64),
+                saturating_i64(r.latency_ms),
+                r.ttft_ms.map(saturating_i64),
+            ])?;
+        }
+    }
+    tx.commit()
+}
+
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Deletes the rows from before `cutoff_ms`; gives how many.
+pub fn delete_before(conn: &Connection, cutoff_ms: i64) -> rusqlite::Result<usize> {
+    let mut total = 0;
+    loop {
+        // In slices, so that a first prune of a large file does not hold one huge transaction.
+        let n = conn.execute(
+            "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE time_ms < ?1 LIMIT 10000)",
+            [cutoff_ms],
+        )?;
+        total += n;
+        if n < 10_000 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Unix milliseconds of `t`.
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The first 12 hex digits of the SHA-256 of the key a request presents (`Authorization:
+/// Bearer <key>` or `api-key: <key>`, read as [`crate::auth::Access::check`] reads them).
+pub fn key_hash(authorization: Option<&[u8]>, api_key: Option<&[u8]>) -> Option<String> {
+    let key = match (authorization, api_key) {
+        (Some(h), _) => {
+            let (scheme, key) = std::str::from_utf8(h).ok()?.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| key.trim().to_string())?
+        }
+        (None, Some(k)) => String::from_utf8_lossy(k).trim().to_string(),
+        (None, None) => return None,
+    };
+    let line = crate::auth::key_line(&key);
+    line.strip_prefix("sha256:").map(|hex| hex[..12.min(hex.len())].to_string())
+}
+
+/// Who a request is charged to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Payer {
+    /// The key's name.
+    pub key: String,
+    /// Its hash prefix ([`key_hash`]).
+    pub hash: Option<String>,
+    /// The account its line charges.
+    pub account: Option<String>,
+}
+
+/// One request's accounting, told once how it ended: the key's limits learn the engine's
+/// token counts ([`Settlement::usage`]), `/metrics` counts the request and its tokens per key
+/// and model, and the ledger gets its row. Clones share one record; the first report wins.
+#[derive(Clone)]
+pub struct Charge(Arc<ChargeState>);
+
+struct ChargeState {
+    done: AtomicBool,
+    arrived_ms: i64,
+    started: Instant,
+    payer: Option<Payer>,
+    model: String,
+    endpoint: String,
+    stream: bool,
+    settlement: Option<Settlement>,
+    ledger: Option<Ledger>,
+    metrics: Arc<Metrics>,
+}
+
+/// What a request asked for, for its [`Charge`].
+#[derive(Clone, Debug)]
+pub struct Asked {
+    /// The model.
+    pub model: String,
+    /// The path.
+    pub endpoint: String,
+    /// Whether it streams.
+    pub stream: bool,
+    /// When it arrived (wall clock, for the row's time).
+    pub arrived: SystemTime,
+    /// When it arrived (for its latency).
+    pub started: Instant,
+}
+
+impl Charge {
+    /// The accounting of a request `asked` by `payer` (`None` on a gateway without keys).
+    pub fn new(
+        metrics: Arc<Metrics>,
+        ledger: Option<Ledger>,
+        payer: Option<Payer>,
+        asked: Asked,
+        settlement: Option<Settlement>,
+    ) -> Charge {
+        Charge(Arc::new(ChargeState {
+            done: AtomicBool::new(false),
+            arrived_ms: unix_ms(asked.arrived),
+            started: asked.started,
+            payer,
+            model: asked.model,
+            endpoint: asked.endpoint,
+            stream: asked.stream,
+            settlement,
+            ledger,
+            metrics,
+        }))
+    }
+
+    /// The gateway answered `status` itself (a refusal, no node, an error before any node
+    /// answered): no tokens.
+    pub fn refused(&self, status: u16) {
+        self.settle(None, status, "refused", None, None);
+    }
+
+    /// `node`'s response, sent with `status`, ended as `ending` says.
+    pub fn ended(&self, node: &str, status: u16, ending: &Ending) {
+        let outcome = match ending.how {
+            BodyEnd::Complete => "complete",
+            BodyEnd::Broken => "broken",
+            BodyEnd::Abandoned => "abandoned",
+        };
+        self.settle(Some(node), status, outcome, ending.usage, ending.first_byte);
+    }
+
+    fn settle(
+        &self,
+        node: Option<&str>,
+        status: u16,
+        outcome: &'static str,
+        usage: Option<crate::body::EngineUsage>,
+        first_byte: Option<Instant>,
+    ) {
+        let s = &*self.0;
+        if s.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let (Some(settlement), Some(usage)) = (&s.settlement, usage) {
+            settlement.usage(usage.total_tokens);
+        }
+        let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
+            if n == 0 {
+                continue;
+            }
+            let model = ModelTokenLabels { model: s.model.clone(), kind: kind.into() };
+            s.metrics.model_tokens.get_or_create(&model).inc_by(n);
+            if let Some(payer) = &s.payer {
+                let key = KeyTokenLabels { key: payer.key.clone(), kind: kind.into() };
+                s.metrics.key_tokens.get_or_create(&key).inc_by(n);
+            }
+        }
+        if let Some(payer) = &s.payer {
+            s.metrics.key_requests.get_or_create(&KeyLabel { key: payer.key.clone() }).inc();
+        }
+        let Some(ledger) = &s.ledger else { return };
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        ledger.record(Row {
+            time_ms: s.arrived_ms,
+            key_name: s.payer.as_ref().map(|p| p.key.clone()),
+            key_hash: s.payer.as_ref().and_then(|p| p.hash.clone()),
+            account: s.payer.as_ref().and_then(|p| p.account.clone()),
+            model: s.model.clone(),
+            node: node.map(str::to_string),
+            endpoint: s.endpoint.clone(),
+            stream: s.stream,
+            status,
+            outcome,
+            prompt_tokens: usage.map(|u| u.prompt_tokens),
+            completion_tokens: usage.map(|u| u.completion_tokens),
+            latency_ms: millis(s.started.elapsed()),
+            ttft_ms: first_byte.map(|t| millis(t.saturating_duration_since(s.started))),
+        });
+    }
+}
+
+/// The default database file: `gateway.db` beside the gateway's identity key.
+pub fn default_path(identity: &Path) -> PathBuf {
+    identity.with_file_name("gateway.db")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(time_ms: i64, key: &str, prompt: u64) -> Row {
+        Row {
+            time_ms,
+            key_name: Some(key.into()),
+            key_hash: Some("0123456789ab".into()),
+            account: Some("proj".into()),
+            model: "m".into(),
+            node: Some("n1".into()),
+            endpoint: "/v1/chat/completions".into(),
+            stream: false,
+            status: 200,
+            outcome: "complete",
+            prompt_tokens: Some(prompt),
+            completion_tokens: Some(2),
+            latency_ms: 10,
+            ttft_ms: None,
+        }
+    }
+
+    fn count(path: &Path) -> i64 {
+        let conn = crate::db::open_read_only(path, 1).expect("opens");
+        conn.query_row("SELECT COUNT(*) FROM requests", [], |r| r.get(0)).expect("count")
+    }
+
+    fn wait_for(what: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if what() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[test]
+    fn rows_are_committed_in_batches_within_the_flush_interval() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gateway.db");
+        let counters = LedgerCounters::default();
+        let ledger = Ledger::start(LedgerConfig::new(path.clone(), 0), counters.clone());
+        let sent = Instant::now();
+        for i in 0..1000 {
+            ledger.record(row(1_700_000_000_000 + i, "a", 1));
+        }
+        assert!(wait_for(|| counters.written.get() == 1000), "written: {}", counters.written.get());
+        // Committed without waiting for shutdown, within a flush interval or so.
+        assert!(sent.elapsed() < FLUSH_EVERY * 8, "{:?}", sent.elapsed());
+        assert_eq!(count(&path), 1000);
+        ledger.record(row(1, "b", 1));
+        ledger.close();
+        assert_eq!(count(&path), 1001, "close writes what is waiting");
+        ledger.record(row(2, "b", 1));
+        assert_eq!(counters.dropped.get(), 1, "after close, rows are dropped and counted");
+        assert_eq!(counters.errors.get(), 0);
+    }
+
+    #[test]
+    fn an_unwritable_file_counts_errors_keeps_rows_and_recovers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A regular file where the directory should be: nobody, root included, can create it.
+        let blocker = dir.path().join("blocked");
+        std::fs::write(&blocker, "not a directory").expect("file");
+        let path = blocker.join("gateway.db");
+        let counters = LedgerCounters::default();
+        let ledger = Ledger::start(LedgerConfig::new(path.clone(), 0), counters.clone());
+        for i in 0..10 {
+            ledger.record(row(i, "a", 1));
+        }
+        assert!(wait_for(|| counters.errors.get() >= 1), "the failure is counted");
+        assert_eq!(counters.written.get(), 0);
+        // The directory becomes possible: the rows kept are written on a later try.
+        std::fs::remove_file(&blocker).expect("remove");
+        assert!(wait_for(|| counters.written.get() == 10), "written after recovery: {}", counters.written.get());
+        ledger.close();
+        assert_eq!(count(&path), 10);
+        assert_eq!(counters.dropped.get(), 0);
+    }
+
+    #[test]
+    fn retention_deletes_old_rows_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gateway.db");
+        let now = unix_ms(SystemTime::now());
+        let day = 86_400_000;
+        {
+            let mut conn = crate::db::open(&path).expect("opens");
+            insert(&mut conn, &[row(now - 100 * day, "old", 1), row(now - 89 * day, "recent", 1), row(now, "new", 1)])
+                .expect("insert");
+        }
+        // The writer prunes when it starts, then hourly.
+        let counters = LedgerCounters::default();
+        let ledger = Ledger::start(LedgerConfig::new(path.clone(), 90), counters.clone());
+        ledger.close();
+        let conn = crate::db::open_read_only(&path, 1).expect("opens");
+        let mut keys: Vec<String> = conn
+            .prepare("SELECT key_name FROM requests ORDER BY time_ms")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .map(|r| r.expect("row"))
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["new", "recent"]);
+        assert_eq!(delete_before(&conn_rw(&path), now + 1).expect("delete"), 2);
+        assert_eq!(LedgerConfig::new(path, 0).retention, None, "0 keeps rows forever");
+    }
+
+    fn conn_rw(path: &Path) -> Connection {
+        crate::db::open(path).expect("opens")
+    }
+
+    #[test]
+    fn charges_report_once_to_limits_metrics_and_the_ledger() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gateway.db");
+        let metrics = Arc::new(Metrics::new());
+        let ledger = Ledger::start(LedgerConfig::new(path.clone(), 0), metrics.ledger_counters());
+        let settlement = Settlement::default();
+        let payer = Payer { key: "lab-a".into(), hash: Some("abcdefabcdef".into()), account: Some("proj-42".into()) };
+        let asked = Asked {
+            model: "m".into(),
+            endpoint: "/v1/chat/completions".into(),
+            stream: true,
+            arrived: SystemTime::now(),
+            started: Instant::now(),
+        };
+        let charge = Charge::new(metrics.clone(), Some(ledger.clone()), Some(payer), asked, Some(settlement.clone()));
+        let usage = crate::body::EngineUsage { prompt_tokens: 7, completion_tokens: 5, total_tokens: 12 };
+        let ending = Ending { how: BodyEnd::Complete, usage: Some(usage), first_byte: Some(Instant::now()) };
+        charge.clone().ended("node1", 200, &ending);
+        charge.refused(503);
+        ledger.close();
+        let text = metrics.encode();
+        assert!(text.contains(r#"tela_gateway_key_requests_total{key="lab-a"} 1"#), "{text}");
+        assert!(text.contains(r#"tela_gateway_key_tokens_total{key="lab-a",kind="prompt"} 7"#), "{text}");
+        assert!(text.contains(r#"tela_gateway_model_tokens_total{model="m",kind="completion"} 5"#), "{text}");
+        let conn = crate::db::open_read_only(&path, 1).expect("opens");
+        let got: (String, String, String, i64, String, i64, i64, bool) = conn
+            .query_row(
+                "SELECT key_name, key_hash, account, status, outcome, prompt_tokens, completion_tokens, ttft_ms IS NOT NULL FROM requests",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)),
+            )
+            .expect("one row");
+        assert_eq!(got, ("lab-a".into(), "abcdefabcdef".into(), "proj-42".into(), 200, "complete".into(), 7, 5, true));
+    }
+
+    #[test]
+    fn key_hashes_are_the_start_of_the_key_file_line() {
+        let line = crate::auth::key_line("secret-key");
+        let want = line["sha256:".len().."sha256:".len() + 12].to_string();
+        assert_eq!(key_hash(Some(b"Bearer secret-key"), None), Some(want.clone()));
+        assert_eq!(key_hash(None, Some(b" secret-key ")), Some(want));
+        assert_eq!(key_hash(Some(b"Basic abc"), None), None);
+        assert_eq!(key_hash(None, None), None);
+    }
+}

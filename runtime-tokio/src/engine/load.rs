@@ -1,0 +1,261 @@
+//! [`report_load`]: the task that reads the engine's own load and pushes it to the gateways.
+//!
+//! Every [`LoadConfig::interval`] (500 ms by default; at most a second, so that a gateway's
+//! view is never more than about a second behind) it fetches the engine's `/metrics` and reads
+//! running and waiting requests and KV-cache usage per model ([`super::metrics`]). The result
+//! goes out as a [`LoadReport`] datagram ([`crate::load_report`]) on this node's connection to
+//! each gateway — when it changed, and otherwise once per [`LoadConfig::refresh`] so that
+//! gateways can tell a quiet engine from a silent node. A report is a few dozen bytes.
+//!
+//! Between reads, a tunnelled request that starts or ends here is reported at once (at most one
+//! report per [`MIN_GAP`]), with the last reading moved by the change in this node's in-flight
+//! count since that reading: the engine counts one more or one fewer. Without it, a request
+//! that just ended through one gateway would still count for half a second at another — long
+//! enough to push a conversation's next turn, sent there at once, off its node. The change is
+//! taken from the first model listed (the node does not know which model a request was for);
+//! the engine's total, which routing uses, is what it is about.
+//!
+//! An engine without usable metrics — `/metrics` answers 404, 405, 410 or 501 (the llama.cpp
+//! server without `--metrics`, SGLang without `--enable-metrics`), or a page with none of the
+//! gauges this node reads (TGI, a plain OpenAI proxy) — gets no reports: it is said once in the
+//! log, and asked again only every [`LoadConfig::retry_unsupported`]. Gateways then route it on
+//! their own in-flight counts. A failed fetch (the engine restarting, a timeout) sends nothing
+//! and is tried again at the next tick; the gateways' reports age out meanwhile.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::parse_engine_metrics;
+use super::Backend;
+use crate::load_report::{encode, LoadReport, ModelLoad};
+use crate::RuntimeView;
+
+/// Reports from in-flight changes are at least this far apart (a burst is coalesced).
+pub const MIN_GAP: Duration = Duration::from_millis(1);
+
+/// Largest `/metrics` page read; vLLM's, with its histograms, is some hundreds of KB at most.
+const MAX_METRICS_BODY: usize = 4 * 1024 * 1024;
+
+/// How [`report_load`] polls and reports.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    /// Time between reads of `/metrics`.
+    pub interval: Duration,
+    /// The longest one read may take.
+    pub timeout: Duration,
+    /// An unchanged load is sent again after this long.
+    pub refresh: Duration,
+    /// How long an engine without usable metrics is left alone before it is asked again.
+    pub retry_unsupported: Duration,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+            refresh: Duration::from_secs(1),
+            retry_unsupported: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one read of `/metrics` found.
+#[derive(Debug, PartialEq)]
+enum Reading {
+    /// The engine's load per model.
+    Load(Vec<ModelLoad>),
+    /// The engine has no metrics this node can read; why.
+    Unsupported(String),
+    /// No answer this time; why.
+    Failed(String),
+}
+
+async fn read(backend: &Backend, timeout: Duration) -> Reading {
+    let url = backend.display("/metrics");
+    match backend.metrics(timeout, MAX_METRICS_BODY).await {
+        Err(e) => Reading::Failed(e.to_string()),
+        Ok((status, _))
+            if matches!(
+                status,
+                StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::GONE | StatusCode::NOT_IMPLEMENTED
+            ) =>
+        {
+            Reading::Unsupported(format!("{url} answered {status}"))
+        }
+        Ok((status, _)) if !status.is_success() => Reading::Failed(format!("{url} answered {status}")),
+        Ok((_, body)) => match parse_engine_metrics(&String::from_utf8_lossy(&body)) {
+            Some(models) => Reading::Load(models),
+            None => Reading::Unsupported(format!("{url} has no vLLM, SGLang or llama.cpp load gauges")),
+        },
+    }
+}
+
+/// Reads the engine's load and pushes it to every gateway this node is connected to, until
+/// `stop` is cancelled; see the module docs.
+pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView, stop: CancellationToken) {
+    let epoch = crate::clock::generation_now();
+    let mut seq = 0u64;
+    // What was last sent and when.
+    let mut last: Option<(Vec<ModelLoad>, Instant)> = None;
+    let mut send = |models: Vec<ModelLoad>, last: &mut Option<(Vec<ModelLoad>, Instant)>| {
+        seq += 1;
+        view.send_to_gateways(&encode(&LoadReport { epoch, seq, models: models.clone() }));
+        *last = Some((models, Instant::now()));
+    };
+    // The last reading, the in-flight count it is taken to include, and when it was taken.
+    let mut reading: Option<(Vec<ModelLoad>, u32, Instant)> = None;
+    // A read under way runs beside the in-flight changes, which are reported meanwhile.
+    let mut under_way = None;
+    let mut unsupported_until: Option<Instant> = None;
+    let mut said_unsupported = false;
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = view.in_flight().changed_for_reports() => {
+                // Only from a recent reading: moving an old one would pass it off as fresh.
+                let recent = reading.as_ref().filter(|(_, _, at)| at.elapsed() < 2 * config.refresh);
+                if let Some((models, at_reading, _)) = recent {
+                    let moved = moved_by(models, view.in_flight().get(), *at_reading);
+                    if last.as_ref().map_or(true, |(sent, _)| *sent != moved) {
+                        send(moved, &mut last);
+                        tokio::time::sleep(MIN_GAP).await;
+                    }
+                }
+            }
+            _ = tick.tick(), if under_way.is_none() => {
+                if unsupported_until.map_or(true, |until| Instant::now() >= until) {
+                    let (backend, before) = (&backend, view.in_flight().get());
+                    under_way = Some(Box::pin(async move { (read(backend, config.timeout).await, before) }));
+                }
+            }
+            (got, before) = async { under_way.as_mut().expect("guarded").await }, if under_way.is_some() => {
+                under_way = None;
+                match got {
+                    Reading::Load(models) => {
+                        // A request that started or ended during the read may or may not be in
+                        // it: take it as included (the higher count), so that an ended request
+                        // never lingers in a report — an underestimate lasts one read at most.
+                        let after = view.in_flight().get();
+                        let at_reading = before.max(after);
+                        let moved = moved_by(&models, after, at_reading);
+                        reading = Some((models, at_reading, Instant::now()));
+                        if said_unsupported {
+                            tracing::info!("the engine at {} now reports its load; sending it to the gateways", backend.url());
+                            said_unsupported = false;
+                        }
+                        unsupported_until = None;
+                        // Half a tick early: ticks are not exact, and a refresh that just missed
+                        // one would otherwise wait for the next, half again as long.
+                        let refresh = config.refresh.saturating_sub(config.interval / 2);
+                        let due = match &last {
+                            Some((sent, at)) => *sent != moved || at.elapsed() >= refresh,
+                            None => true,
+                        };
+                        if due {
+                            send(moved, &mut last);
+                        }
+                    }
+                    Reading::Unsupported(why) => {
+                        if !said_unsupported {
+                            tracing::info!(
+                                "no load reports from this node: {why}; gateways route it by their own in-flight \
+                                 counts (asking again every {})",
+                                humantime::format_duration(config.retry_unsupported)
+                            );
+                            said_unsupported = true;
+                        }
+                        unsupported_until = Some(Instant::now() + config.retry_unsupported);
+                        last = None;
+                        reading = None;
+                    }
+                    Reading::Failed(why) => tracing::debug!("no load report this time: {why}"),
+                }
+            }
+        }
+    }
+}
+
+/// `models` as read when this node had `at_reading` tunnelled requests in flight, moved to
+/// `now` in flight: each started request counts as running, each ended one leaves (waiting
+/// requests first, then running ones).
+fn moved_by(models: &[ModelLoad], now: u32, at_reading: u32) -> Vec<ModelLoad> {
+    let mut moved = models.to_vec();
+    if now >= at_reading {
+        if let Some(first) = moved.first_mut() {
+            first.running = first.running.saturating_add(now - at_reading);
+        }
+        return moved;
+    }
+    let mut ended = at_reading - now;
+    for m in &mut moved {
+        for count in [&mut m.waiting, &mut m.running] {
+            let take = ended.min(*count);
+            *count -= take;
+            ended -= take;
+        }
+    }
+    moved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An HTTP server that answers every request with `status` and `body`.
+    async fn answering(status: &'static str, body: &'static str) -> Backend {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Backend::new(&format!("http://{addr}")).expect("backend")
+    }
+
+    #[test]
+    fn readings_move_with_the_in_flight_count() {
+        let m = |model: &str, running, waiting| ModelLoad { model: model.into(), running, waiting, kv_permille: None };
+        let read = vec![m("a", 2, 1), m("b", 1, 0)];
+        assert_eq!(moved_by(&read, 3, 3), read);
+        assert_eq!(moved_by(&read, 5, 3), vec![m("a", 4, 1), m("b", 1, 0)]);
+        assert_eq!(moved_by(&read, 1, 3), vec![m("a", 1, 0), m("b", 1, 0)]);
+        assert_eq!(moved_by(&read, 0, 9), vec![m("a", 0, 0), m("b", 0, 0)], "never below zero");
+        assert_eq!(moved_by(&[], 4, 0), vec![]);
+    }
+
+    #[tokio::test]
+    async fn readings_tell_load_from_no_metrics_from_failures() {
+        let t = Duration::from_secs(2);
+        let vllm = answering("200 OK", "vllm:num_requests_running{model_name=\"m\"} 2\n").await;
+        assert_eq!(
+            read(&vllm, t).await,
+            Reading::Load(vec![ModelLoad { model: "m".into(), running: 2, waiting: 0, kv_permille: None }])
+        );
+        for (status, body) in
+            [("404 Not Found", "not found"), ("501 Not Implemented", "{\"error\":{}}"), ("200 OK", "<html>")]
+        {
+            let r = read(&answering(status, body).await, t).await;
+            assert!(matches!(&r, Reading::Unsupported(why) if why.contains("/metrics")), "{status}: {r:?}");
+        }
+        assert!(matches!(read(&answering("503 Service Unavailable", "").await, t).await, Reading::Failed(_)));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        let nothing = Backend::new(&format!("http://127.0.0.1:{port}")).expect("backend");
+        assert!(matches!(read(&nothing, t).await, Reading::Failed(_)));
+    }
+}
