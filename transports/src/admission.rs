@@ -379,12 +379,16 @@ mod tests {
         written.expect("hello written");
         // This side's log line (`Refusal`'s Display carries the reason).
         let Err(reason) = verdict else { panic!("a version 2 dialler was admitted") };
-        assert_eq!(reason, RefusalReason::VersionMismatch { ours: 3, theirs: Some(2) });
-        assert!(reason.to_string().contains("this side speaks 3, the other 2"), "{reason}");
+        assert_eq!(reason, RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(2) });
+        assert!(reason.to_string().contains(&format!("this side speaks {PROTOCOL_VERSION}, the other 2")), "{reason}");
         // The refused side's: version 2 reads a refusal as tag 2 and the refuser's version, big
-        // endian, and shows "this side speaks 2, the other 3".
+        // endian, and shows "this side speaks 2, the other <ours>".
         let (kind, payload) = read_raw(&mut ar).await;
-        assert_eq!((kind, payload), (3, vec![2, 0, 3]), "a Refuse frame naming version 3");
+        assert_eq!(
+            (kind, payload),
+            (3, [&[2][..], &PROTOCOL_VERSION.to_be_bytes()].concat()),
+            "a Refuse frame naming ours"
+        );
     }
 
     #[tokio::test]
@@ -398,18 +402,22 @@ mod tests {
             let (kind, hello) = read_raw(&mut br).await;
             // Version 2 decodes a Hello of 34 to 98 bytes (version, proof, membership name)
             // and checks the version first, so it reaches the version check and logs
-            // "this side speaks 2, the other 3".
+            // "this side speaks 2, the other <ours>".
             assert_eq!(kind, 1, "a Hello");
             assert_eq!(hello.len(), 34, "version, proof and nothing else");
-            assert_eq!(u16::from_be_bytes([hello[0], hello[1]]), 3);
+            assert_eq!(u16::from_be_bytes([hello[0], hello[1]]), PROTOCOL_VERSION);
             bw.write_all(&[3, 0, 3, 2, 0, 2]).await.expect("refuse written");
         };
         let (outcome, ()) = tokio::join!(dial(&mut aw, &mut ar, &new), old_acceptor);
         let Err(DialOutcome::Refused(reason)) = outcome else { panic!("not refused: {outcome:?}") };
-        assert_eq!(reason, RefusalReason::VersionMismatch { ours: 3, theirs: Some(2) });
+        assert_eq!(reason, RefusalReason::VersionMismatch { ours: PROTOCOL_VERSION, theirs: Some(2) });
         assert!(reason.is_permanent());
         let shown = format!("{reason} — {}", reason.hint());
-        assert!(shown.contains("this side speaks 3, the other 2") && shown.contains("same Tela release"), "{shown}");
+        assert!(
+            shown.contains(&format!("this side speaks {PROTOCOL_VERSION}, the other 2"))
+                && shown.contains("same Tela release"),
+            "{shown}"
+        );
     }
 
     #[tokio::test]
