@@ -3,8 +3,6 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -19,27 +17,9 @@ async fn resident_memory_stays_under_the_limit_after_load() {
         let dir = tempfile::tempdir().expect("tempdir");
         let keys = dir.path().join("api-keys");
         std::fs::write(&keys, format!("{}\n", tela_gateway::auth::key_line(KEY))).expect("keys");
-        let mut child = Command::new(tela())
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0"])
-            .args(["--identity", dir.path().join("gw.key").to_str().expect("utf-8")])
-            .args(["--api-keys", keys.to_str().expect("utf-8")])
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
-            .env_remove("TELA_JOIN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tela gateway");
-        let stdout = child.stdout.take().expect("stdout");
-        let child = ChildGuard(child);
-        let mut stdout = BufReader::new(stdout);
-        let (mut first, mut second) = (String::new(), String::new());
-        stdout.read_line(&mut first).expect("line");
-        stdout.read_line(&mut second).expect("line");
-        let base = first.trim().trim_start_matches("listening on ").to_string();
-        let anchor = second.trim().trim_start_matches("anchor on ").to_string();
-        let pid = child.0.id();
+        let gw = start_lone_gateway(dir.path(), &keys);
+        let (base, anchor) = (gw.base.clone(), gw.anchor.clone());
+        let pid = gw.child.0.id();
         let idle_before = rss_kib(pid).expect("rss");
 
         let mut engines = Vec::new();
@@ -79,7 +59,7 @@ async fn resident_memory_stays_under_the_limit_after_load() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let after = rss_kib(pid).expect("rss");
         eprintln!("gateway RSS: {idle_before} KiB idle at start, {after} KiB after 320 requests");
-        drop(child);
+        drop(gw);
         assert!(after < LIMIT_KIB, "gateway RSS {after} KiB after load exceeds {LIMIT_KIB} KiB");
     })
     .await;

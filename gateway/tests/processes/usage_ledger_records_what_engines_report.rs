@@ -8,9 +8,8 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -348,27 +347,8 @@ async fn a_killed_gateway_keeps_rows_answered_two_seconds_before() {
         let keys = dir.path().join("api-keys");
         std::fs::write(&keys, key_file()).expect("keys");
         let ledger = dir.path().join("gateway.db");
-        let mut child = Command::new(tela())
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0"])
-            .args(["--identity", dir.path().join("gw.key").to_str().expect("utf-8")])
-            .args(["--api-keys", keys.to_str().expect("utf-8")])
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
-            .env_remove("TELA_JOIN")
-            .env_remove("TELA_LEDGER")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tela gateway");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut child = ChildGuard(child);
-        let mut stdout = BufReader::new(stdout);
-        let (mut first, mut second) = (String::new(), String::new());
-        stdout.read_line(&mut first).expect("line");
-        stdout.read_line(&mut second).expect("line");
-        let base = first.trim().trim_start_matches("listening on ").to_string();
-        let anchor = second.trim().trim_start_matches("anchor on ").to_string();
+        let mut gw = start_lone_gateway(dir.path(), &keys);
+        let (base, anchor) = (gw.base.clone(), gw.anchor.clone());
         let engine = tela_gateway::engine_sim::spawn(engine(&[MODEL]), "127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("engine");
@@ -396,8 +376,8 @@ async fn a_killed_gateway_keeps_rows_answered_two_seconds_before() {
             let r = call(&base, "POST", "/v1/chat/completions", Some(KEY_B), Some(chat_body(false, 3, false))).await;
             assert_eq!(r.status, 200);
         }
-        let _ = child.0.kill(); // SIGKILL
-        let _ = child.0.wait();
+        let _ = gw.child.0.kill(); // SIGKILL
+        let _ = gw.child.0.wait();
 
         // The file opens (recovering its write-ahead log) and is intact.
         let conn = tela_gateway::db::open(&ledger).expect("the ledger opens after the kill");

@@ -486,3 +486,41 @@ pub async fn wait_tunnels(base: &str, n: usize, within: Duration) -> bool {
     }
     false
 }
+
+/// A `tela gateway` process of its own (it joins nobody), with its identity in `dir`, the key
+/// file `keys` and warnings-only logs (killed on drop).
+pub struct LoneGateway {
+    pub child: ChildGuard,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// Where nodes dial it.
+    pub anchor: String,
+    // Kept open: the gateway may print more lines.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+/// Starts a [`LoneGateway`] on loopback ports of the kernel's choosing.
+pub fn start_lone_gateway(dir: &Path, keys: &Path) -> LoneGateway {
+    use std::io::BufRead;
+    let mut child = Command::new(tela())
+        .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0"])
+        .args(["--identity", dir.join("gw.key").to_str().expect("utf-8")])
+        .args(["--api-keys", keys.to_str().expect("utf-8")])
+        .env("TELA_JOIN_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .env_remove("TELA_JOIN")
+        .env_remove("TELA_LEDGER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tela gateway");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let child = ChildGuard(child);
+    let (mut first, mut second) = (String::new(), String::new());
+    stdout.read_line(&mut first).expect("line");
+    stdout.read_line(&mut second).expect("line");
+    let base = first.trim().trim_start_matches("listening on ").to_string();
+    let anchor = second.trim().trim_start_matches("anchor on ").to_string();
+    LoneGateway { child, base, anchor, _stdout: stdout }
+}
