@@ -61,6 +61,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod answers;
 pub mod anti_entropy;
 pub mod auth;
 pub mod broadcast;

@@ -56,6 +56,14 @@
 //!   DOWN record (at most once a second per node), so a node confirmed failed
 //!   while it was only cut off learns of it, and refutes, as soon as it talks to anyone.
 //!
+//! Every answer above (news for a pull, refutations of stale suspicions, DOWN notices, fetched
+//! records, a suspect told of its suspicion) can be paid from a budget of
+//! [`MembershipSettings::answers_per_round`] datagrams per gossip round: beyond it, answers
+//! wait for the next round, all of one peer's in one datagram. So what a node sends besides
+//! its probes and exchanges is bounded per round whatever it receives. The budget is off by
+//! default: measured, it removes the heal's burst but slows the repair after it (see
+//! `answers.rs`).
+//!
 //! Liveness comes from the detector's standing, not from heartbeats: nothing in the replica
 //! expires, and a node stops being routable when its record
 //! turns DOWN (confirmed failure, drain, engine failure) or LEFT. A node suspected here (by this
@@ -82,6 +90,7 @@
 //! [`Replica::set_alive`]: crate::replica::Replica::set_alive
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
 
+use crate::answers::{Answer, Answers};
 use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
 use crate::id::NodeId;
 use crate::node::Node;
@@ -143,6 +152,10 @@ pub struct MembershipSettings {
     /// announcer ([`Message::Fetch`]). Of a record's `lambda · ceil(log10(n + 1))` sends, the
     /// first few reach most nodes for the first time and the rest mostly nodes that hold it.
     pub eager_sends: u32,
+    /// Datagrams of answers (refutations, DOWN notices, fetched records, news for a pull, a
+    /// suspect told of its suspicion) a node sends per gossip round; answers beyond wait for the
+    /// next round. None (the default): every answer goes out at once.
+    pub answers_per_round: Option<usize>,
     /// Most updates each broadcast queue holds.
     pub queue_capacity: usize,
     /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
@@ -170,6 +183,7 @@ impl Default for MembershipSettings {
             gossip_fanout: 3,
             retransmit_mult: 4,
             eager_sends: 4,
+            answers_per_round: None,
             queue_capacity: 4096,
             anti_entropy_interval: Duration::from_secs(10),
             outbound_anti_entropy_interval: Duration::from_secs(2),
@@ -237,6 +251,8 @@ pub(crate) struct Membership {
     told_down: Vec<(NodeId, Time)>,
     /// Records being fetched after an announcement, by node.
     fetching: HashMap<NodeId, Fetching, FixedState>,
+    /// The answers budget and the answers owed.
+    pub(crate) answers: Answers,
 }
 
 /// A record asked for after an announcement, until it arrives or no announcer is left to ask.
@@ -261,6 +277,7 @@ impl Membership {
             next_notice: now,
             told_down: Vec::new(),
             fetching: HashMap::default(),
+            answers: Answers::new(settings.answers_per_round),
             detector,
             settings,
         }
@@ -269,6 +286,11 @@ impl Membership {
     /// Updates waiting to be piggybacked, records and suspicions.
     pub(crate) fn queued(&self) -> (usize, usize) {
         (self.records.len(), self.suspicions.len())
+    }
+
+    /// Whether this node suspects `id` right now.
+    pub(crate) fn is_suspect(&self, id: &NodeId) -> bool {
+        self.suspects.contains(id)
     }
 }
 
@@ -310,7 +332,7 @@ impl Node {
 
     /// `record` encoded as a [`Piggyback::Record`], shared with every node that holds the same
     /// record where the interner pools them.
-    fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Bytes> {
+    pub(crate) fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Bytes> {
         let encode = |record: &Record| {
             let body = postcard::to_allocvec(record).ok()?;
             let mut encoded = Vec::with_capacity(1 + body.len());
@@ -434,13 +456,13 @@ impl Node {
                 Piggyback::Have { id, version } => announced.push((id, version)),
             }
         }
-        if self.send_corrections(from, &corrections) {
+        if !corrections.is_empty() && self.answer(from, Answer::Records(&corrections)) {
             self.stats.corrections_sent += 1;
         }
         self.fetch_announced(from, &announced);
         if probe.is_none() && self.replica.get(&from).is_some_and(|s| s.record().reach == Reachability::OutboundOnly) {
             // Gossip from a node only its anchors can send to is also its pull: answer with news.
-            if self.send_probe(from, ProbeBuilder::gossip(self.config.max_datagram), None, true) {
+            if self.answer(from, Answer::News) {
                 self.stats.news_answers += 1;
             }
         }
@@ -520,7 +542,7 @@ impl Node {
         }
         st.told_down.retain(|(id, at)| *id != from && now < *at + NOTICE_INTERVAL);
         st.told_down.push((from, now));
-        if self.send_corrections(from, &[record]) {
+        if self.answer(from, Answer::Records(&[record])) {
             self.stats.down_notices += 1;
         }
     }
@@ -600,53 +622,31 @@ impl Node {
         }
     }
 
-    /// A [`Message::Fetch`]: sends `from` the records it asked for that this replica holds, as
-    /// gossip (merged and spread on like any piggybacked news), in at most
-    /// [`MAX_FETCH_ANSWERS`] datagrams.
+    /// A [`Message::Fetch`]: answers `from` with the records it asked for that this replica
+    /// holds, as gossip (merged and spread on like any piggybacked news), in at most
+    /// [`MAX_FETCH_ANSWERS`] datagrams, paid from the answers budget ([`crate::answers`]).
     pub(crate) fn on_fetch(&mut self, from: NodeId, ids: &[NodeId]) {
         let limit = self.config.max_datagram;
+        let mut groups: Vec<Vec<SharedRecord>> = vec![Vec::new()];
         let mut b = ProbeBuilder::gossip(limit);
-        let mut sent = 0;
         for id in ids {
             let Some(record) = self.replica.get(id).map(|s| s.record().clone()) else { continue };
             let Some(encoded) = self.piggyback_encoding(&record) else { continue };
-            if b.push_encoded(&encoded) {
-                continue;
-            }
-            if !b.is_empty() {
-                self.transmit(from, b.finish());
-                self.stats.fetch_answers += 1;
-                sent += 1;
-            }
-            if sent == MAX_FETCH_ANSWERS {
-                return;
-            }
-            b = ProbeBuilder::gossip(limit);
-            b.push_encoded(&encoded);
-        }
-        if !b.is_empty() {
-            self.transmit(from, b.finish());
-            self.stats.fetch_answers += 1;
-        }
-    }
-
-    /// Answers stale suspicions with the records that refute them, in one gossip datagram;
-    /// returns whether it was sent.
-    fn send_corrections(&mut self, to: NodeId, records: &[SharedRecord]) -> bool {
-        if records.is_empty() {
-            return false;
-        }
-        let mut b = ProbeBuilder::gossip(self.config.max_datagram);
-        for r in records {
-            if let Some(encoded) = self.piggyback_encoding(r) {
+            if !b.push_encoded(&encoded) {
+                if groups.len() == MAX_FETCH_ANSWERS {
+                    break;
+                }
+                groups.push(Vec::new());
+                b = ProbeBuilder::gossip(limit);
                 b.push_encoded(&encoded);
             }
+            groups.last_mut().expect("one group at least").push(record);
         }
-        if b.is_empty() {
-            return false;
+        for group in groups.iter().filter(|g| !g.is_empty()) {
+            if self.answer(from, Answer::Records(group)) {
+                self.stats.fetch_answers += 1;
+            }
         }
-        self.transmit(to, b.finish());
-        true
     }
 
     /// The membership's share of [`Node::handle_timeouts`]: returns false for timers it does not
@@ -664,6 +664,8 @@ impl Node {
                 if notice.is_some() {
                     st.next_notice = now + NOTICE_INTERVAL;
                 }
+                self.answer_round();
+                let st = &mut self.membership;
                 if st.records.len() + st.suspicions.len() > 0 {
                     for peer in self.pick_peers(fanout) {
                         let b = ProbeBuilder::gossip(self.config.max_datagram);
@@ -680,7 +682,9 @@ impl Node {
                     }
                 }
                 for id in notice.unwrap_or_default() {
-                    self.notify_suspect(id);
+                    if self.answer(id, Answer::Suspicion) {
+                        self.stats.suspicion_notices += 1;
+                    }
                 }
                 self.retry_fetches();
                 self.timers.set(Timer::Gossip, self.now + interval);
@@ -742,7 +746,9 @@ impl Node {
                     SwimEvent::Suspect(id) => {
                         st.suspects.insert(id);
                         self.stats.suspicions_raised += 1;
-                        self.notify_suspect(id);
+                        if self.answer(id, Answer::Suspicion) {
+                            self.stats.suspicion_notices += 1;
+                        }
                         // A suspect gets no new requests while the suspicion runs: a request
                         // sent to a node that has died would only fail over later.
                         if let Some(flip) = self.replica.set_alive(&id, false) {
@@ -768,20 +774,6 @@ impl Node {
         }
     }
 
-    /// Tells `id` directly that this node suspects it, so that it can refute at once (Lifeguard's
-    /// buddy system, not waiting for the next probe of it).
-    fn notify_suspect(&mut self, id: NodeId) {
-        let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
-        let Some(heartbeat) = self.membership.detector.member_incarnation(&id) else { return };
-        if !self.reachable(&record) {
-            return;
-        }
-        let mut b = ProbeBuilder::gossip(self.config.max_datagram);
-        b.push(&Piggyback::Suspect { id, generation: record.generation, heartbeat, from: self.config.id });
-        self.transmit(id, b.finish());
-        self.stats.suspicion_notices += 1;
-    }
-
     /// The detector confirmed `id` failed: mark its record DOWN in the same generation.
     fn confirm_down(&mut self, id: NodeId) {
         let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
@@ -802,7 +794,13 @@ impl Node {
     /// Sends one SWIM datagram: the header in `b`, then (for a ping to a suspect) the suspicion
     /// of the target, then suspicions and records from the queues. A gossip datagram with
     /// nothing in it is not sent. Returns whether a datagram was sent.
-    fn send_probe(&mut self, to: NodeId, mut b: ProbeBuilder, buddy: Option<NodeId>, skip_empty: bool) -> bool {
+    pub(crate) fn send_probe(
+        &mut self,
+        to: NodeId,
+        mut b: ProbeBuilder,
+        buddy: Option<NodeId>,
+        skip_empty: bool,
+    ) -> bool {
         let n = self.replica.len();
         let st = &mut self.membership;
         if let Some(target) = buddy {
@@ -1018,6 +1016,47 @@ mod tests {
         // The fetch is forgotten at the next round past the retry time.
         node.handle_input(now + Duration::from_secs(1), crate::node::Input::Timeout);
         assert!(node.membership.fetching.is_empty());
+    }
+
+    #[test]
+    fn answers_beyond_a_rounds_budget_wait_for_the_next_round_one_datagram_a_peer() {
+        let (mut node, five) = node_with_peers(4);
+        let per_round = 3;
+        node.config.membership.answers_per_round = Some(per_round);
+        node.membership.answers = Answers::new(Some(per_round));
+        let stale = Piggyback::Suspect { id: five.id, generation: 1, heartbeat: 0, from: NodeId::from_u64(8) };
+        let askers: Vec<u64> = (100..110).collect();
+        // Who got a correction (five's record) at each instant.
+        let corrected = |sent: &[(NodeId, Message)]| -> Vec<NodeId> {
+            sent.iter()
+                .filter(|(to, m)| {
+                    askers.iter().any(|a| NodeId::from_u64(*a) == *to)
+                        && m.piggyback().iter().any(|p| matches!(p, Piggyback::Record(r) if r.id == five.id))
+                })
+                .map(|(to, _)| *to)
+                .collect()
+        };
+        let t = Time::from_millis(10);
+        let mut got: Vec<NodeId> = Vec::new();
+        for a in &askers {
+            got.extend(corrected(&gossip(&mut node, t, *a, vec![stale.clone()])));
+        }
+        // The last asker asks again while it is owed: still one answer.
+        got.extend(corrected(&gossip(&mut node, t, 109, vec![stale.clone()])));
+        assert_eq!(got.len(), per_round, "at once, only the round's budget");
+        assert!(node.stats().answers_deferred >= (askers.len() - per_round) as u64);
+        let mut now = t;
+        while now < t + Duration::from_secs(2) {
+            now = now + Duration::from_millis(20);
+            node.handle_input(now, crate::node::Input::Timeout);
+            let round = corrected(&drain(&mut node));
+            assert!(round.len() <= per_round, "a round sent {} answers", round.len());
+            got.extend(round);
+        }
+        got.sort();
+        let want: Vec<NodeId> = askers.iter().map(|a| NodeId::from_u64(*a)).collect();
+        assert_eq!(got, want, "every asker answered once, none dropped");
+        assert_eq!(node.stats().answers_dropped, 0);
     }
 
     #[test]

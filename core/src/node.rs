@@ -113,6 +113,9 @@ impl Config {
         if m.eager_sends == 0 {
             return Err(ConfigError::ZeroEagerSends);
         }
+        if m.answers_per_round == Some(0) {
+            return Err(ConfigError::ZeroAnswers);
+        }
         Ok(())
     }
 }
@@ -132,6 +135,9 @@ pub enum ConfigError {
     /// Records would only ever be announced, never pushed.
     #[error("eager_sends must be at least 1")]
     ZeroEagerSends,
+    /// Answers would never be sent.
+    #[error("answers_per_round must be at least 1")]
+    ZeroAnswers,
     /// Tombstones would be deleted before anti-entropy could spread them.
     #[error("tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
     TombstoneTtl {
@@ -287,6 +293,13 @@ pub struct Stats {
     pub fetch_answers: u64,
     /// suspects told directly that this node suspects them.
     pub suspicion_notices: u64,
+    /// Answers that waited for a later round's budget (the membership's answers budget): each
+    /// merged into what was already owed to its peer or queued as owed.
+    pub answers_deferred: u64,
+    /// Answers dropped: owed to more than 64 peers at once, or owed for longer than a second.
+    pub answers_dropped: u64,
+    /// Datagrams of owed answers sent at the start of a gossip round.
+    pub owed_answers_sent: u64,
     /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
     pub records_forged: u64,
     /// Records refused because of a DOWN mark that its confirmer did not sign, or a state that
@@ -362,6 +375,7 @@ impl Node {
             *d = (*d).max(tick);
         }
         m.gossip_fanout = m.gossip_fanout.max(1);
+        m.answers_per_round = m.answers_per_round.map(|a| a.max(1));
         debug_assert_eq!(config.id, config.identity.id(), "the config's id is not its identity's");
         let mut record =
             Record::new(config.id, config.generation, config.role, config.hardware.clone(), config.reach.clone());

@@ -201,6 +201,8 @@ pub struct Report {
     pub events_per_s: f64,
     /// The events by what they were: what a node costs the simulator.
     pub events_by_kind: EventKinds,
+    /// Events by simulated second: the busiest and the heal's first.
+    pub seconds: Seconds,
     /// Peak resident memory.
     pub peak_rss_mb: u64,
     /// Determinism hash over the event trace: equal for equal scenario and seed.
@@ -367,6 +369,7 @@ impl Report {
             events: sim.events,
             events_per_s: sim.events as f64 / (wall_s - sim.setup_wall_s).max(1e-9),
             events_by_kind: sim.events_by_kind,
+            seconds: Seconds::build(&t.events_per_second, nodes, &sim.sc.partition),
             peak_rss_mb: peak_rss_mb(),
             hash: format!("{:016x}", sim.trace_hash()),
             max_datagram_bytes: t.max_datagram,
@@ -458,6 +461,7 @@ impl Report {
         let r = &self.requests;
         format!(
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s; {wakes:.0}% timer wakes, {deliveries:.0}% datagrams), peak RSS {rss} MB, hash {hash}\n\
+             {seconds}\n\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete{cpend}); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}; apart from partitions: p50 {a50:.0} ms, p99 {a99:.0} ms, max {a100:.0} ms over {an} (to 99.99%: p99 {m99:.0} ms, max {m100:.0} ms)\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete, {drst} restarted first{dpend}); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
@@ -479,6 +483,7 @@ impl Report {
             wakes = self.events_by_kind.share(self.events_by_kind.wakes),
             deliveries = self.events_by_kind.share(self.events_by_kind.deliveries),
             rss = self.peak_rss_mb,
+            seconds = self.seconds.line(),
             hash = self.hash,
             loss = self.network.loss,
             dup = self.network.duplicate,
@@ -545,6 +550,44 @@ impl Report {
     }
 }
 
+/// Events per simulated second, per node: what the protocol's busiest moments cost.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Seconds {
+    /// The simulated second with the most events (second `i` is `[i, i + 1)` s).
+    pub busiest_at_s: u64,
+    /// Its events per node.
+    pub busiest_per_node: f64,
+    /// Events per node in the first second after the first scheduled partition healed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heal_first_per_node: Option<f64>,
+    /// Events in every simulated second, all nodes together.
+    pub events: Vec<u64>,
+}
+
+impl Seconds {
+    pub(crate) fn build(events: &[u64], nodes: usize, partitions: &[crate::scenario::Partition]) -> Seconds {
+        let per_node = |n: u64| n as f64 / nodes.max(1) as f64;
+        let (busiest_at_s, busiest) = events
+            .iter()
+            .enumerate()
+            .max_by_key(|&(i, n)| (*n, core::cmp::Reverse(i)))
+            .map_or((0, 0), |(i, n)| (i as u64, *n));
+        let heal = partitions.first().map(|p| p.end_s.floor() as usize);
+        Seconds {
+            busiest_at_s,
+            busiest_per_node: per_node(busiest),
+            heal_first_per_node: heal.and_then(|s| events.get(s)).map(|n| per_node(*n)),
+            events: events.to_vec(),
+        }
+    }
+
+    /// One line for the summary.
+    pub fn line(&self) -> String {
+        let heal = self.heal_first_per_node.map_or(String::new(), |h| format!("; the heal's first second {h:.0}"));
+        format!("events per node in the busiest second {:.0} (at {} s){heal}", self.busiest_per_node, self.busiest_at_s)
+    }
+}
+
 /// Events by kind: a node's timer firing, a datagram arriving, and the world's own (jobs,
 /// faults, clients, samples).
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
@@ -577,6 +620,18 @@ impl EventKinds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_busiest_second_and_the_heals_first_are_per_node() {
+        let partition = crate::scenario::Partition { start_s: 1.0, end_s: 3.0, sites: vec![1], one_way: false };
+        let s = Seconds::build(&[10, 40, 40, 30, 5], 10, &[partition]);
+        // Ties go to the earlier second.
+        assert_eq!((s.busiest_at_s, s.busiest_per_node), (1, 4.0));
+        assert_eq!(s.heal_first_per_node, Some(3.0));
+        assert!(s.line().contains("busiest second 4 (at 1 s); the heal's first second 3"), "{}", s.line());
+        let none = Seconds::build(&[], 10, &[]);
+        assert_eq!((none.busiest_per_node, none.heal_first_per_node), (0.0, None));
+    }
 
     #[test]
     fn serf_formula_matches_its_published_anchor() {

@@ -82,6 +82,10 @@ pub struct Protocol {
     /// How many times a record goes whole before it is only announced by version
     /// (`tela_core::MembershipSettings::eager_sends`); at least 1.
     pub eager_sends: u32,
+    /// Datagrams of answers a node sends per gossip round
+    /// (`tela_core::MembershipSettings::answers_per_round`); at least 1 if set. Unset (the
+    /// default): every answer goes out at once.
+    pub answers_per_round: Option<usize>,
     /// The failure detector's time between probes (`tela_core::SwimConfig::protocol_period`);
     /// at least 2. The probe timeout stays at most half of it and the anchors' vouch lease at
     /// least one period; suspicions last a number of periods, so a longer period makes a slow
@@ -438,6 +442,7 @@ impl Default for Protocol {
         Protocol {
             drain_window_s: 120.0,
             eager_sends: m.eager_sends,
+            answers_per_round: m.answers_per_round,
             protocol_period_ms: m.detector.protocol_period.as_millis() as u64,
         }
     }
@@ -642,6 +647,9 @@ impl Scenario {
         if self.protocol.eager_sends == 0 {
             return bad("protocol.eager_sends must be at least 1".into());
         }
+        if self.protocol.answers_per_round == Some(0) {
+            return bad("protocol.answers_per_round must be at least 1".into());
+        }
         if self.protocol.protocol_period_ms < 2 {
             return bad("protocol.protocol_period_ms must be at least 2".into());
         }
@@ -739,6 +747,11 @@ mod tests {
         assert_eq!(s.protocol.eager_sends, 20);
         let e = Scenario::parse("[protocol]\neager_sends = 0").unwrap_err();
         assert!(e.to_string().contains("eager_sends"), "{e}");
+        assert_eq!(defaults.protocol.answers_per_round, None, "no answers budget unless set");
+        let s = Scenario::parse("[protocol]\nanswers_per_round = 12").expect("answers_per_round");
+        assert_eq!(s.protocol.answers_per_round, Some(12));
+        let e = Scenario::parse("[protocol]\nanswers_per_round = 0").unwrap_err();
+        assert!(e.to_string().contains("answers_per_round"), "{e}");
         let e = Scenario::parse("[protocol]\nprotocol_period_ms = 1").unwrap_err();
         assert!(e.to_string().contains("protocol_period_ms"), "{e}");
         // One membership protocol: the old switch and the old name of the setting are typos now.

@@ -674,7 +674,7 @@ impl Sim {
     }
 
     fn sample(&mut self) {
-        self.t.on_second(self.now);
+        self.t.on_second(self.now, self.events);
         let wall = self.started.elapsed().as_secs_f64();
         if wall >= self.progress_at {
             self.progress_at = wall + PROGRESS_EVERY_S;

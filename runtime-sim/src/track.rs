@@ -146,6 +146,10 @@ pub(crate) struct Trackers {
     pub datagrams: u64,
     pub max_datagram: usize,
     pub per_second: Vec<u64>,
+    /// Events processed in each simulated second, all nodes together.
+    pub events_per_second: Vec<u64>,
+    /// Events processed up to the last second's end.
+    events_before: u64,
     pub seconds: u64,
     second_bytes: u64,
     changes: Vec<Change>,
@@ -186,7 +190,10 @@ impl Trackers {
         self.max_datagram = self.max_datagram.max(len);
     }
 
-    pub fn on_second(&mut self, now: Micros) {
+    /// A simulated second ended at `now`, with `events` processed since the run began.
+    pub fn on_second(&mut self, now: Micros, events: u64) {
+        self.events_per_second.push(events - self.events_before);
+        self.events_before = events;
         self.per_second.push(self.second_bytes);
         self.second_bytes = 0;
         self.seconds += 1;

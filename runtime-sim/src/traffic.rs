@@ -59,17 +59,18 @@ impl Tally {
 }
 
 /// Gossip datagrams by why they were sent, summed over the running nodes' counters
-/// ([`tela_core::Stats`]): in gossip rounds, and the four kinds of answer outside them.
+/// ([`tela_core::Stats`]): in gossip rounds, and the kinds of answer sent at once outside them, and the answers owed until a round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Senders([u64; 6]);
+pub(crate) struct Senders([u64; 7]);
 
-const SENDER_NAMES: [&str; 6] = [
+const SENDER_NAMES: [&str; 7] = [
     "in gossip rounds",
     "news to outbound-only nodes",
     "corrections of stale suspicions",
     "DOWN notices",
     "fetch answers",
     "suspicion notices",
+    "owed answers, in the next round",
 ];
 
 impl Senders {
@@ -81,6 +82,7 @@ impl Senders {
             s.down_notices,
             s.fetch_answers,
             s.suspicion_notices,
+            s.owed_answers_sent,
         ])
     }
 }

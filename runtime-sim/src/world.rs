@@ -216,6 +216,7 @@ impl Sim {
         c.rng_seed = rng::node_seed(seed, h, host.job);
         c.drain_window = Duration::from_secs_f64(p.drain_window_s);
         c.membership.eager_sends = p.eager_sends;
+        c.membership.answers_per_round = p.answers_per_round;
         let detector = &mut c.membership.detector;
         detector.protocol_period = Duration::from_millis(p.protocol_period_ms);
         detector.probe_timeout = detector.probe_timeout.min(detector.protocol_period / 2);
