@@ -56,6 +56,7 @@
 //! (hashed-bucket repair) and [`peers`] (whom to send to)),
 //! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
 //! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
+//! [`spend`] (API keys' spend per gateway, the lattice that holds budgets across gateways),
 //! and `harness` (a multi-node test bench, behind the `harness` feature).
 
 #![forbid(unsafe_code)]
@@ -77,6 +78,7 @@ pub mod placement;
 pub mod record;
 pub mod replica;
 pub mod routing;
+pub mod spend;
 pub mod spin;
 pub mod swim;
 pub mod time;

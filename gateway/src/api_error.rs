@@ -59,7 +59,7 @@ impl ApiError {
             "unknown_url",
             format!(
                 "unknown endpoint {method} {path}; this gateway serves POST /v1/chat/completions, \
-                 /v1/completions, /v1/embeddings and GET /v1/models"
+                 /v1/completions, /v1/embeddings, GET /v1/models, and the Batch API's /v1/files and /v1/batches"
             ),
         )
     }

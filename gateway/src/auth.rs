@@ -380,6 +380,11 @@ impl KeySet {
         self.entry(key).is_some()
     }
 
+    /// Every accepted key's hash (as the file holds it) and entry.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u8; 32], &Arc<KeyEntry>)> + '_ {
+        self.keys.iter()
+    }
+
     /// How many keys are accepted.
     pub fn len(&self) -> usize {
         self.keys.len()

@@ -165,6 +165,44 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = 90, value_name = "DAYS")]
     pub ledger_retention_days: u32,
 
+    /// How often this gateway sends its keys' spend to the other gateways, so that token
+    /// budgets hold across them (a key may overspend by about what the other gateways admit
+    /// for it in this time).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub budget_exchange: Duration,
+
+    /// Requests this gateway sends at once per node serving a model before further requests
+    /// wait in per-key queues, served fairly between keys (0: no fair queueing).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub fair_slots_per_node: usize,
+
+    /// Requests one key may have waiting per saturated model (429 above).
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub fair_queue_per_key: usize,
+
+    /// The longest a request waits for its turn on a saturated model (then 429).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub fair_max_wait: Duration,
+
+    /// Run no batches (the OpenAI Batch API, /v1/files and /v1/batches, whose files, batches
+    /// and results are kept in the gateway's database; on by default with the ledger).
+    #[arg(long)]
+    pub no_batch: bool,
+
+    /// Largest batch input file a client may upload, in bytes (413 above).
+    #[arg(long, default_value_t = 100 * 1024 * 1024, value_name = "BYTES")]
+    pub batch_max_file_bytes: usize,
+
+    /// Batch request slots per node: a node with N interactive requests in flight takes at
+    /// most this minus N batch requests, so batches use only spare capacity.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub batch_node_slots: u32,
+
+    /// Delete batch files (inputs, outputs, errors) this many days after they were made (0
+    /// keeps them until deleted).
+    #[arg(long, default_value_t = 30, value_name = "DAYS")]
+    pub batch_file_days: u32,
+
     /// Threads that serve requests [default: 1 on a machine with at most 2 cores, else one per
     /// core].
     #[arg(long, env = "TELA_GATEWAY_THREADS", value_name = "N",
@@ -312,6 +350,13 @@ impl GatewayArgs {
         };
         config.node_idle_timeout = dur("node_idle_timeout", self.node_idle_timeout, file.node_idle_timeout);
         config.shutdown_grace = dur("shutdown_grace", self.shutdown_grace, file.shutdown_grace);
+        config.budget_exchange = dur("budget_exchange", self.budget_exchange, file.budget_exchange);
+        anyhow::ensure!(!config.budget_exchange.is_zero(), "budget_exchange must be longer than zero");
+        config.fairness = crate::fairness::FairSettings {
+            slots_per_node: pick(given("fair_slots_per_node"), self.fair_slots_per_node, file.fair_slots_per_node),
+            queue_per_key: pick(given("fair_queue_per_key"), self.fair_queue_per_key, file.fair_queue_per_key),
+            max_wait: dur("fair_max_wait", self.fair_max_wait, file.fair_max_wait),
+        };
         let ledger = opt("ledger", &self.ledger, &file.ledger);
         let no_ledger = pick(given("no_ledger"), self.no_ledger, file.no_ledger);
         let retention_days =
@@ -327,6 +372,23 @@ impl GatewayArgs {
                 };
                 Some(crate::ledger::LedgerConfig::new(crate::ledger::default_path(&identity), retention_days))
             }
+        };
+        let no_batch = pick(given("no_batch"), self.no_batch, file.no_batch);
+        config.batch = match (&config.ledger, no_batch) {
+            (Some(ledger), false) => {
+                let mut batch = crate::batch::BatchConfig::new(ledger.path.clone());
+                batch.max_file_bytes =
+                    pick(given("batch_max_file_bytes"), self.batch_max_file_bytes, file.batch_max_file_bytes);
+                batch.node_slots = pick(given("batch_node_slots"), self.batch_node_slots, file.batch_node_slots);
+                anyhow::ensure!(
+                    batch.node_slots >= 1,
+                    "--batch-node-slots must be at least 1 (use --no-batch to run none)"
+                );
+                let days = pick(given("batch_file_days"), self.batch_file_days, file.batch_file_days);
+                batch.file_expiry = (days > 0).then(|| Duration::from_secs(u64::from(days) * 86_400));
+                Some(batch)
+            }
+            _ => None,
         };
         if let Some(plan) = loaded.and_then(|l| l.spin) {
             let batch =

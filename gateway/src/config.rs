@@ -67,6 +67,22 @@ pub struct FileConfig {
     pub no_ledger: Option<bool>,
     /// `--ledger-retention-days`.
     pub ledger_retention_days: Option<u32>,
+    /// `--budget-exchange`.
+    pub budget_exchange: Option<Dur>,
+    /// `--fair-slots-per-node`.
+    pub fair_slots_per_node: Option<usize>,
+    /// `--fair-queue-per-key`.
+    pub fair_queue_per_key: Option<usize>,
+    /// `--fair-max-wait`.
+    pub fair_max_wait: Option<Dur>,
+    /// `--no-batch`.
+    pub no_batch: Option<bool>,
+    /// `--batch-max-file-bytes`.
+    pub batch_max_file_bytes: Option<usize>,
+    /// `--batch-node-slots`.
+    pub batch_node_slots: Option<u32>,
+    /// `--batch-file-days`.
+    pub batch_file_days: Option<u32>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
 }

@@ -1,6 +1,6 @@
 //! The gateway's embedded database: one SQLite file (bundled SQLite, no server) that holds what
-//! a gateway must keep across restarts — today the usage ledger ([`crate::ledger`]), and any
-//! later state that belongs beside it.
+//! a gateway must keep across restarts — today the usage ledger ([`crate::ledger`]) and batch
+//! inference's files, batches and results ([`crate::batch`]).
 //!
 //! Every connection runs in WAL mode with `synchronous=NORMAL`: a commit is one append to the
 //! write-ahead log, readers (`tela usage`) never block the writer, and a crash or `kill -9` of
@@ -34,11 +34,12 @@ pub struct Migration {
 }
 
 /// The schema, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "usage ledger",
-    // One row per API request; see `crate::ledger` for what each column holds.
-    sql: "CREATE TABLE requests (
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "usage ledger",
+        // One row per API request; see `crate::ledger` for what each column holds.
+        sql: "CREATE TABLE requests (
               id INTEGER PRIMARY KEY,
               time_ms INTEGER NOT NULL,
               key_name TEXT,
@@ -56,7 +57,14 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
               ttft_ms INTEGER
           );
           CREATE INDEX requests_by_time ON requests(time_ms);",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "batch inference",
+        // See `crate::batch::store` for what each table and column holds.
+        sql: crate::batch::store::MIGRATION,
+    },
+];
 
 /// The database could not be opened or brought to the current schema.
 #[derive(Debug, thiserror::Error)]

@@ -85,6 +85,12 @@ pub struct GatewayConfig {
     pub spin: Option<crate::spin::SpinSetup>,
     /// The usage ledger's database, if the gateway keeps one ([`crate::ledger`]).
     pub ledger: Option<crate::ledger::LedgerConfig>,
+    /// How often spend counts go to the other gateways, for budgets ([`crate::budgets`]).
+    pub budget_exchange: Duration,
+    /// Fair queueing of keys in front of saturated models ([`crate::fairness`]).
+    pub fairness: crate::fairness::FairSettings,
+    /// Batch inference, if the gateway runs batches ([`crate::batch`]).
+    pub batch: Option<crate::batch::BatchConfig>,
 }
 
 impl GatewayConfig {
@@ -110,6 +116,9 @@ impl GatewayConfig {
             shutdown_grace: Duration::from_secs(30),
             spin: None,
             ledger: None,
+            batch: None,
+            budget_exchange: crate::budgets::DEFAULT_EXCHANGE,
+            fairness: crate::fairness::FairSettings::default(),
         }
     }
 }
@@ -150,6 +159,8 @@ pub struct Gateway {
     server: Option<AbortOnDropHandle<()>>,
     _keys: Option<KeyFile>,
     _spin: Option<crate::spin::SpinTasks>,
+    _batch: Option<AbortOnDropHandle<()>>,
+    _budgets: AbortOnDropHandle<()>,
     ledger: Option<crate::ledger::Ledger>,
 }
 
@@ -190,6 +201,7 @@ impl Gateway {
         )
         .await?;
         let metrics = Arc::new(Metrics::new());
+        let budgets = crate::budgets::BudgetExchange::start(anchor.runtime().view(), access.clone());
         let mut shared = Shared::new(
             anchor.runtime().view(),
             metrics.clone(),
@@ -199,10 +211,17 @@ impl Gateway {
             config.proxy,
         );
         shared.routing = config.routing;
+        shared.fair = crate::fairness::FairShare::new(config.fairness);
         // Stamp each engine load report with this gateway's own count on its node: routing
         // counts its own requests itself and takes only the others' from the report.
         let own = shared.load.clone();
         anchor.runtime().view().load_reports().count_local_with(move |node| own.get(node));
+        // Before the ledger's writer: both open one file, and this brings it to the schema.
+        let batch = match config.batch {
+            Some(b) => crate::batch::BatchShared::open_for_gateway(b).await,
+            None => None,
+        };
+        shared.batch = batch.clone();
         let ledger = config.ledger.map(|l| {
             tracing::info!("usage ledger in {}", l.path.display());
             crate::ledger::Ledger::start(l, metrics.ledger_counters())
@@ -226,6 +245,8 @@ impl Gateway {
             }
         };
         let shared = Arc::new(shared);
+        let budgets = tokio::spawn(crate::budgets::run(budgets, config.budget_exchange, stop.clone()));
+        let batch_runner = batch.map(|b| crate::batch::runner::start(shared.clone(), b, stop.clone()));
         let server = tokio::spawn(crate::server::serve(
             listener,
             tls.clone(),
@@ -248,6 +269,8 @@ impl Gateway {
             server: Some(AbortOnDropHandle::new(server)),
             _keys: keys,
             _spin: spin,
+            _batch: batch_runner,
+            _budgets: AbortOnDropHandle::new(budgets),
             ledger,
         })
     }

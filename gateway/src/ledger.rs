@@ -14,6 +14,7 @@
 //! | `status`, `outcome` | the HTTP status sent, and `complete`, `broken` (cut after the first byte), `abandoned` (the client left) or `refused` (the gateway answered) |
 //! | `prompt_tokens`, `completion_tokens` | the engine's `usage`; NULL when it reported none |
 //! | `latency_ms`, `ttft_ms` | from the request's arrival to its last byte, and to the response's first byte |
+//! | `batch_id` | the batch the request belonged to ([`crate::batch`], which writes its rows itself, with each result); NULL for interactive requests |
 //!
 //! For example, tokens per account today:
 //! `SELECT account, SUM(prompt_tokens + completion_tokens) FROM requests WHERE time_ms >= 1000 * unixepoch('now', 'start of day') GROUP BY account;`

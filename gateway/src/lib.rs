@@ -8,8 +8,11 @@
 //!   parts: [`service`] (paths, auth, limits), [`proxy`] (forwarding with retries before the
 //!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
 //!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed, named API keys,
-//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`ledger`] (one
-//!   row per request in the gateway's SQLite database, [`db`]), [`server`]
+//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`budgets`]
+//!   (budgets held across gateways), [`fairness`] (keys share a saturated model fairly, by
+//!   [`fair_queue`]), [`ledger`] (one
+//!   row per request in the gateway's SQLite database, [`db`]), [`batch`] (OpenAI's Batch
+//!   API, run on spare capacity and kept in that database), [`server`]
 //!   (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and [`dashboard`]. With a
 //!   `[spin]` section in its configuration file ([`config`]) it also starts serving nodes in
 //!   batch jobs on demand and holds requests for them ([`spin`]).
@@ -44,13 +47,17 @@
 
 pub mod api_error;
 pub mod auth;
+pub mod batch;
 pub mod body;
+pub mod budgets;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
 pub mod db;
 pub mod demo;
 pub mod engine_sim;
+pub mod fair_queue;
+pub mod fairness;
 pub mod gateway;
 pub mod ledger;
 pub mod limits;

@@ -53,14 +53,15 @@
 //! week (from Monday) or month. A request is charged when its response ends (the estimate, or
 //! the usage once known). Requests are refused — 429, OpenAI's `insufficient_quota`, with
 //! `Retry-After` until the next period begins — once the period's spend has reached the
-//! budget. So a key overspends by at most what its requests in flight at that moment use.
+//! budget. On one gateway, a key overspends by at most what its requests in flight then use.
 //!
-//! The spend is kept per (key, period) as a counter that only grows within its period. That
-//! is deliberate: to hold a budget across several gateways, each gateway will publish its own
-//! count per (key, gateway, period), peers keep the largest value they have heard from each
-//! gateway (a grow-only counter, merged by max, like the registry's lattice), and a key's
-//! spend is the sum over gateways. The local count here is this gateway's entry of that
-//! counter; [`KeyCounters::spent`] is where the others' would be added.
+//! The spend is kept per (key, period) as a counter that only grows within its period. Behind
+//! several gateways, each publishes its own count per (key, gateway, period) and peers keep
+//! the largest value heard from each gateway (a grow-only counter merged by max,
+//! [`tela_core::spend`]); [`crate::budgets`] exchanges it and tells each key's counters what
+//! the other gateways charged ([`KeyCounters::hear_elsewhere`]). A request is refused once this
+//! gateway's own count plus the others' reaches the budget; [`crate::budgets`] states by how
+//! much a key can overspend across gateways.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -336,6 +337,8 @@ struct Counters {
     tokens: Bucket,
     in_flight: u32,
     spend: Spend,
+    /// What the other gateways charged the key, as last heard ([`crate::budgets`]).
+    elsewhere: Spend,
 }
 
 impl Counters {
@@ -346,6 +349,13 @@ impl Counters {
             self.spend = Spend { period_start: start, tokens: 0 };
         }
         &mut self.spend
+    }
+
+    /// The spend of the period holding `unix` here and on the other gateways, as last heard.
+    fn federation_spend(&mut self, period: Period, unix: u64) -> u64 {
+        let Spend { period_start: start, tokens: local } = *self.spend_in(period, unix);
+        let elsewhere = self.elsewhere;
+        local.saturating_add(if elsewhere.period_start == start { elsewhere.tokens } else { 0 })
     }
 
     fn headers(&mut self, limits: &KeyLimits, now: Instant) -> RateHeaders {
@@ -422,7 +432,7 @@ impl KeyCounters {
             }
         }
         if let Some(budget) = limits.budget {
-            let spent = c.spend_in(budget.period, now.unix).tokens;
+            let spent = c.federation_spend(budget.period, now.unix);
             if spent >= budget.tokens {
                 let (_, end) = budget.period.bounds(now.unix);
                 let wait = Duration::from_secs(end.saturating_sub(now.unix));
@@ -516,6 +526,30 @@ impl KeyCounters {
     /// Tokens charged in the `period` holding `unix`, on this gateway.
     pub fn spent(&self, period: Period, unix: u64) -> u64 {
         self.lock().spend_in(period, unix).tokens
+    }
+
+    /// Tokens charged in the `period` holding `unix` on every gateway: this one's own count
+    /// plus the others' as last heard ([`KeyCounters::hear_elsewhere`]).
+    pub fn federation_spent(&self, period: Period, unix: u64) -> u64 {
+        self.lock().federation_spend(period, unix)
+    }
+
+    /// The other gateways' spend for the period starting at `period_start` (Unix seconds), as
+    /// just heard; a count for an older period, or lower than the one held, changes nothing.
+    pub fn hear_elsewhere(&self, period_start: u64, tokens: u64) {
+        let mut c = self.lock();
+        let held = c.elsewhere;
+        if (period_start, tokens) > (held.period_start, held.tokens) {
+            c.elsewhere = Spend { period_start, tokens };
+        }
+    }
+
+    /// Raises this gateway's own count for the `period` holding `unix` to at least `tokens`: a
+    /// restarted gateway learns back from its peers what it had charged before.
+    pub fn raise_spent(&self, period: Period, unix: u64, tokens: u64) {
+        let mut c = self.lock();
+        let spend = c.spend_in(period, unix);
+        spend.tokens = spend.tokens.max(tokens);
     }
 }
 
@@ -840,6 +874,34 @@ mod tests {
         let c = counters.admit("k", &l, 900, next_day).expect("a new day");
         c.guard.release_at(next_day);
         assert_eq!(counters.spent(Period::Day, next_day.unix), 0);
+    }
+
+    #[test]
+    fn budgets_count_what_other_gateways_charged() {
+        let counters = Arc::new(KeyCounters::default());
+        let l = KeyLimits { budget: Some(Budget { tokens: 1000, period: Period::Day }), ..KeyLimits::default() };
+        let now = at(Instant::now(), 0.0);
+        let (start, _) = Period::Day.bounds(now.unix);
+        let a = counters.admit("k", &l, 300, now).expect("budget left");
+        a.guard.settlement().answered();
+        a.guard.release_at(now);
+        // Others' spend of a past period, or lower than heard before, changes nothing.
+        counters.hear_elsewhere(start - 86_400, 5000);
+        counters.admit("k", &l, 1, now).expect("yesterday's spend does not count").guard.release_at(now);
+        counters.hear_elsewhere(start, 700);
+        counters.hear_elsewhere(start, 100);
+        assert_eq!(
+            (counters.spent(Period::Day, now.unix), counters.federation_spent(Period::Day, now.unix)),
+            (300, 1000)
+        );
+        let refused = counters.admit("k", &l, 1, now).expect_err("the federation spent the budget");
+        assert_eq!((refused.limit, refused.error.code), ("budget", "insufficient_quota"));
+        assert!(refused.error.message.contains("1000 used"), "{}", refused.error.message);
+        // A restarted gateway learns back its own count; it never moves down.
+        counters.raise_spent(Period::Day, now.unix, 250);
+        assert_eq!(counters.spent(Period::Day, now.unix), 300);
+        counters.raise_spent(Period::Day, now.unix, 400);
+        assert_eq!(counters.spent(Period::Day, now.unix), 400);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tela_gateway::cli::{GatewayCommand, StatusCommand};
 use tela_gateway::demo::DemoArgs;
 use tela_gateway::engine_sim::EngineSimArgs;
 use tela_gateway::usage::UsageArgs;
-use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, node::NodeArgs};
+use tela_runtime::{anchor::AnchorArgs, control::DrainArgs, gpu::HardwareArgs, node::NodeArgs, relay::RelayArgs};
 
 /// Tela turns GPUs behind batch schedulers, in pods and on workstations into one
 /// OpenAI-compatible endpoint.
@@ -33,6 +33,7 @@ enum Command {
     EngineSim(EngineSimArgs),
     Node(Box<NodeArgs>),
     Anchor(AnchorArgs),
+    Relay(RelayArgs),
     Drain(DrainArgs),
     Status(StatusCommand),
     Usage(UsageArgs),
@@ -78,6 +79,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             code => std::process::exit(code),
         },
         Command::Anchor(args) => args.run().await.context("tela anchor")?,
+        Command::Relay(args) => args.run().await.context("tela relay")?,
         Command::Drain(args) => args.run().await.context("tela drain")?,
         Command::Status(args) => args.run().await?,
         Command::Usage(args) => args.run().context("tela usage")?,

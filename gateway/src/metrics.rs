@@ -17,7 +17,7 @@
 //! | `tela_gateway_spin_batch_errors_total` | `op` | failed batch-system calls (`submit`, `jobs`, `cancel`, `drain`) |
 //! | `tela_gateway_cold_start_queued` | `model` | requests waiting for a replica |
 //! | `tela_gateway_cold_start_wait_seconds` | `outcome` | how long requests waited (`ready`, `timeout`) |
-//! | `tela_gateway_key_refusals_total` | `key`, `limit` | requests a key's limit refused with 429 ([`crate::limits`]) |
+//! | `tela_gateway_key_refusals_total` | `key`, `limit` | requests a key's limit refused with 429 ([`crate::limits`]; `fair_queue`: its queue on a saturated model was full or waited too long, [`crate::fairness`]) |
 //! | `tela_gateway_key_requests_total` | `key` | inference requests per key, answered by a node or refused |
 //! | `tela_gateway_key_tokens_total` | `key`, `kind` | tokens the engines reported per key (`prompt`, `completion`) |
 //! | `tela_gateway_model_tokens_total` | `model`, `kind` | tokens the engines reported per model |

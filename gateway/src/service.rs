@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` | key | forwarded to a node ([`crate::proxy`]) |
 //! | `GET /v1/models`, `/v1/models/{id}` | key | every model some node serves, OpenAI list shape |
+//! | `/v1/files…`, `/v1/batches…` | key | OpenAI's Batch API ([`crate::batch::api`]) |
 //! | `GET /status` | key, unless `--open-status` | the federation as JSON ([`crate::status`]) |
 //! | `GET /metrics` | key, unless `--open-status` | Prometheus text ([`crate::metrics`]) |
 //! | `GET /health` | none | `{"status":"ok"}` and counts, nothing secret |
@@ -18,7 +19,9 @@
 //! to a key with rate limits carries OpenAI's `x-ratelimit-*` headers; a key limited to some
 //! models sees only those in `/v1/models`, and may not read `/status` or `/metrics` (403),
 //! which name every model.
-//! A request for a spinnable model with no usable replica first waits in the cold-start queue
+//! When every slot of the model's nodes is taken, a request waits its key's turn
+//! ([`crate::fairness`]: per-key queues served by deficit round robin; 429 when the key's queue
+//! is full). A request for a spinnable model with no usable replica first waits in the cold-start queue
 //! ([`crate::spin::cold_start`]): 503 with `Retry-After` when no replica came in time, 429 when
 //! the queue is full.
 //!
@@ -92,6 +95,10 @@ pub struct Shared {
     pub(crate) spin: Option<Arc<crate::spin::SpinShared>>,
     /// Where each request's row goes, when the gateway keeps a usage ledger.
     pub(crate) ledger: Option<crate::ledger::Ledger>,
+    /// Keys' fair shares of saturated models ([`crate::fairness`]).
+    pub(crate) fair: Arc<crate::fairness::FairShare>,
+    /// Batch inference's database and runner wake-up, when the gateway runs batches.
+    pub(crate) batch: Option<Arc<crate::batch::BatchShared>>,
 }
 
 impl Shared {
@@ -118,6 +125,8 @@ impl Shared {
             started: Instant::now(),
             spin: None,
             ledger: None,
+            fair: crate::fairness::FairShare::new(crate::fairness::FairSettings::default()),
+            batch: None,
         }
     }
 
@@ -180,6 +189,9 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
                     }
                     ("/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", _) => {
                         ApiError::method_not_allowed(m, p, "POST").into_response()
+                    }
+                    (p, _) if crate::batch::api::serves(p) => {
+                        crate::batch::api::handle(&shared, request, &caller).await
                     }
                     ("/v1/models", &Method::GET) => models_for(&shared, &caller),
                     (p, &Method::GET) if p.starts_with("/v1/models/") => {
@@ -303,6 +315,19 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
         }
         if let Some(guard) = spin.demand.enter(&model) {
             held.push(Box::new(guard));
+        }
+    }
+    let flow = caller.entry().map_or_else(|| "-".to_string(), |e| e.name.clone());
+    let nodes = crate::fairness::nodes_serving(&shared.view, &model);
+    match shared.fair.enter(&model, &flow, nodes, || crate::limits::estimate_tokens(path, &body)).await {
+        Ok(Some(slot)) => held.push(Box::new(slot)),
+        Ok(None) => {}
+        Err(e) => {
+            let labels = crate::metrics::KeyLimitLabels { key: flow, limit: "fair_queue".to_string() };
+            shared.metrics.key_refusals.get_or_create(&labels).inc();
+            let response = shared.answer_error(e, &model);
+            charge.refused(response.status().as_u16());
+            return response;
         }
     }
     let model_name = model.clone();

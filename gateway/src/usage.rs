@@ -1,7 +1,7 @@
 //! `tela usage`: an `sreport`-like view of the usage ledger ([`crate::ledger`]) — requests,
 //! errors, the engines' prompt and completion tokens and the time requests held, summed per
-//! key, account, model, node or UTC day (or several of them: `--by account,model`), over a
-//! range of days, as a table, CSV or JSON.
+//! key, account, model, node, UTC day or kind (`interactive` or `batch`) — or several of them:
+//! `--by account,kind` — over a range of days, as a table, CSV or JSON.
 //!
 //! Every gateway keeps its own ledger. Give each file with `--ledger` (copies are fine) and
 //! the report sums them: a request is in exactly one gateway's ledger, so the sum is the
@@ -30,6 +30,8 @@ pub enum GroupBy {
     Node,
     /// The UTC day the request arrived.
     Day,
+    /// `interactive`, or `batch` for a request of a batch ([`crate::batch`]).
+    Kind,
 }
 
 impl GroupBy {
@@ -41,6 +43,7 @@ impl GroupBy {
             GroupBy::Model => "model",
             GroupBy::Node => "node",
             GroupBy::Day => "day",
+            GroupBy::Kind => "kind",
         }
     }
 
@@ -51,6 +54,7 @@ impl GroupBy {
             GroupBy::Model => "model",
             GroupBy::Node => "COALESCE(node, '-')",
             GroupBy::Day => "date(time_ms / 1000, 'unixepoch')",
+            GroupBy::Kind => "CASE WHEN batch_id IS NULL THEN 'interactive' ELSE 'batch' END",
         }
     }
 }
@@ -190,7 +194,9 @@ pub fn report(ledgers: &[PathBuf], query: &Query) -> Result<Report, UsageError> 
 }
 
 fn read_one(path: &Path, query: &Query) -> Result<Vec<(Vec<String>, Sums)>, UsageError> {
-    let conn = crate::db::open_read_only(path, 1)?;
+    // `kind` reads the column batch inference added (schema version 2).
+    let needed = if query.by.contains(&GroupBy::Kind) { 2 } else { 1 };
+    let conn = crate::db::open_read_only(path, needed)?;
     let read = |source| UsageError::Read { path: path.to_path_buf(), source };
     let columns: Vec<&str> = query.by.iter().map(|g| g.sql()).collect();
     let groups = columns.join(", ");
@@ -371,7 +377,7 @@ pub struct UsageArgs {
     pub ledgers: Vec<PathBuf>,
 
     /// Group by these columns, in order (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "account", value_name = "key|account|model|node|day")]
+    #[arg(long, value_delimiter = ',', default_value = "account", value_name = "key|account|model|node|day|kind")]
     pub by: Vec<GroupBy>,
 
     /// From the start of this UTC day.

@@ -21,11 +21,11 @@
 
 use crate::backoff::Backoff;
 use crate::load_report::is_load_report;
+use crate::path::{DialError, DialPath};
 use crate::runtime::{Exit, IncomingStream, RuntimeConfig, RuntimeView, StreamHandler};
 use crate::status::RegistrySnapshot;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tela_core::{Command, Event, Input, Lifecycle, Load, Node, NodeId, Output, Reachability, Role, Time, Transmit};
@@ -165,6 +165,7 @@ impl Driver {
             self.tasks.spawn(keep_joined(
                 addr,
                 self.endpoint.clone(),
+                self.config.path.clone(),
                 self.config.transport,
                 Backoff::new(self.config.redial_initial, self.config.redial_max),
                 self.tx.clone(),
@@ -377,11 +378,12 @@ impl Driver {
         }
         state.in_progress = true;
         let (endpoint, mode, tx) = (self.endpoint.clone(), self.config.transport, self.tx.clone());
-        tracing::debug!(%peer, "dialling public peer {peer} at {addr}");
+        let path = self.config.path.clone();
+        tracing::debug!(%peer, "dialling public peer {peer} at {addr} {path}");
         self.tasks.spawn(async move {
-            let msg = match dial(&endpoint, &addr, mode).await {
+            let msg = match path.dial(&endpoint, &addr, mode).await {
                 Ok(conn) => ToDriver::Connected(conn),
-                Err(error) => ToDriver::DialFailed { peer, error },
+                Err(error) => ToDriver::DialFailed { peer, error: error.to_string() },
             };
             let _ = tx.send(msg).await;
         });
@@ -552,6 +554,7 @@ async fn serve_connection(
                         tracing::debug!(%peer, "dropped a load report from {peer}: {e}");
                     }
                 }
+                Ok(payload) if crate::tagged::is_tagged(&payload) => view.shared.tagged.deliver(peer, &payload),
                 Ok(payload) => {
                     // Waits when the driver is behind: backpressure reaches the transport,
                     // which drops datagrams rather than queue them without bound.
@@ -594,25 +597,12 @@ async fn accept_loop(endpoint: Arc<Endpoint>, tx: mpsc::Sender<ToDriver>) {
     }
 }
 
-/// Resolves `addr` (`host:port`) and dials it.
-pub(crate) async fn dial(endpoint: &Endpoint, addr: &str, mode: TransportMode) -> Result<Connection, String> {
-    let target = resolve(addr).await?;
-    endpoint.connect(target, mode).await.map_err(|e| e.to_string())
-}
-
-async fn resolve(addr: &str) -> Result<SocketAddr, String> {
-    if let Ok(a) = addr.parse::<SocketAddr>() {
-        return Ok(a);
-    }
-    let mut addrs = tokio::net::lookup_host(addr).await.map_err(|e| format!("cannot resolve {addr}: {e}"))?;
-    addrs.next().ok_or_else(|| format!("{addr} resolves to no address"))
-}
-
 /// Keeps a connection to one join address for as long as the driver runs: dial, hand the
 /// connection to the driver, wait for it to close, back off, redial.
 async fn keep_joined(
     addr: String,
     endpoint: Arc<Endpoint>,
+    path: DialPath,
     mode: TransportMode,
     mut backoff: Backoff,
     tx: mpsc::Sender<ToDriver>,
@@ -620,12 +610,7 @@ async fn keep_joined(
     let mut failures = 0u32;
     let mut permanent = 0u32;
     loop {
-        let target = resolve(&addr).await;
-        let result = match target {
-            Ok(t) => endpoint.connect(t, mode).await.map_err(JoinFailure::Connect),
-            Err(e) => Err(JoinFailure::Resolve(e)),
-        };
-        match result {
+        match path.dial(&endpoint, &addr, mode).await {
             Ok(conn) => {
                 failures = 0;
                 permanent = 0;
@@ -634,15 +619,15 @@ async fn keep_joined(
                     return;
                 }
                 let reason = conn.closed().await;
-                tracing::warn!("connection to {addr} ended ({reason}); redialling");
+                tracing::warn!("connection to {addr} ended ({reason}); redialling {path}");
             }
             Err(e) => {
                 failures += 1;
-                let refused_for_good = matches!(&e, JoinFailure::Connect(ce) if ce.is_permanent());
+                let refused_for_good = matches!(&e, DialError::Connect(ce) if ce.is_permanent());
                 // Refusals in a row only: any other failure starts the count again.
                 permanent = if refused_for_good { permanent + 1 } else { 0 };
                 match &e {
-                    JoinFailure::Connect(ce) if refused_for_good => {
+                    DialError::Connect(ce) if refused_for_good => {
                         tracing::warn!(
                             "cannot join via {addr} (refusal {permanent} of {PERMANENT_REFUSALS_BEFORE_GIVING_UP}): {ce}"
                         );
@@ -651,7 +636,7 @@ async fn keep_joined(
                             return;
                         }
                     }
-                    JoinFailure::Connect(ce @ ConnectError::Refused { .. }) => {
+                    DialError::Connect(ce @ ConnectError::Refused { .. }) => {
                         tracing::error!("cannot join via {addr}: {ce}");
                     }
                     _ if failures == 1 || failures.is_power_of_two() => {
@@ -663,12 +648,4 @@ async fn keep_joined(
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum JoinFailure {
-    #[error("{0}")]
-    Resolve(String),
-    #[error("{0}")]
-    Connect(ConnectError),
 }

@@ -11,6 +11,9 @@
 //!   ([`walltime`], signals, `tela drain` over the [`control`] socket).
 //! - [`anchor`] — a public member with no engine that outbound-only nodes dial; the gateway
 //!   embeds one, `tela anchor` runs one alone.
+//! - [`relay`] — `tela relay`, which forwards nodes' TCP+TLS tunnels to allowed gateways
+//!   without terminating them; nodes reach gateways directly, through it or through the login
+//!   host's `ssh` ([`ssh`]), as their [`path`] says.
 //! - [`batch`] — the spinner's way into batch systems: the Slurm command-line and
 //!   `slurmrestd` backends behind one trait, and the job template that turns a placement into
 //!   a batch script running `tela node`.
@@ -30,6 +33,9 @@
 //! from the core's by their first byte ([`load_report`]). A node sends them with
 //! [`RuntimeView::send_to_gateways`]; the connection tasks of a receiving runtime keep the
 //! latest of each node in [`RuntimeView::load_reports`], which the gateway routes by.
+//! Other datagrams tagged the same way (first byte `0xF1` and up) go to handlers the
+//! application registers with [`RuntimeView::tagged`] ([`tagged`]): gateways exchange their keys'
+//! spend so ([`tela_core::spend`]).
 //!
 //! ```no_run
 //! use tela_core::{Config, Model};
@@ -90,7 +96,9 @@
 //! `tela anchor` processes live in `gateway/tests/processes/` (the package that owns the `tela` binary,
 //! so Cargo builds it before any test's clock starts): `federation_forms_*`,
 //! `admission_refusals_say_why`, `engine_death_turns_node_down`, `sigusr1_drains_open_streams`,
-//! `real_engine_llama_cpp`, `slurm_sbatch`, `slurm_rest` and the walltime test.
+//! `real_engine_llama_cpp`, `slurm_sbatch`, `slurm_rest`, the walltime test, and the login-host
+//! paths (`nodes_reach_the_gateway_through_ssh_or_a_relay`,
+//! `nodes_behind_a_login_host_in_network_namespaces`).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -125,11 +133,19 @@ pub mod load_report;
 #[cfg(not(loom))]
 pub mod node;
 #[cfg(not(loom))]
+pub mod path;
+#[cfg(not(loom))]
+pub mod relay;
+#[cfg(not(loom))]
 pub mod runtime;
 #[cfg(not(loom))]
 pub mod signals;
 #[cfg(not(loom))]
+pub mod ssh;
+#[cfg(not(loom))]
 pub mod status;
+#[cfg(not(loom))]
+pub mod tagged;
 #[cfg(not(loom))]
 pub mod walltime;
 

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::driver::{Driver, ToDriver};
 use crate::inflight::InFlight;
 use crate::load_report::LoadReports;
+use crate::path::DialPath;
 use crate::peers::PeerTable;
 use crate::snapshot::SnapshotCell;
 use crate::status::RegistrySnapshot;
@@ -39,6 +40,8 @@ pub struct RuntimeConfig {
     pub join: Vec<String>,
     /// Which transport dials use.
     pub transport: TransportMode,
+    /// How dials reach their peers: directly, through ssh or through a relay.
+    pub path: DialPath,
     /// First delay before redialling a join address or a public peer.
     pub redial_initial: Duration,
     /// Longest delay between redials.
@@ -65,6 +68,7 @@ impl RuntimeConfig {
             node,
             join: Vec::new(),
             transport: TransportMode::Auto,
+            path: DialPath::Direct,
             redial_initial: Duration::from_millis(500),
             redial_max: Duration::from_secs(10),
             snapshot_interval: Duration::from_millis(100),
@@ -105,6 +109,7 @@ pub(crate) struct Shared {
     pub in_flight: InFlight,
     pub peers: PeerTable<Connection>,
     pub load_reports: LoadReports,
+    pub tagged: crate::tagged::TaggedDatagrams,
 }
 
 /// What request handlers may read: the latest registry snapshot, the in-flight counter and
@@ -143,6 +148,11 @@ impl RuntimeView {
     /// The latest load report of each node that sent one here ([`crate::load_report`]).
     pub fn load_reports(&self) -> &LoadReports {
         &self.shared.load_reports
+    }
+
+    /// The handlers of other tagged datagrams than load reports ([`crate::tagged`]).
+    pub fn tagged(&self) -> &crate::tagged::TaggedDatagrams {
+        &self.shared.tagged
     }
 
     /// Sends `datagram` on the connection to every connected gateway: every peer whose record
@@ -253,6 +263,7 @@ impl Runtime {
             in_flight: InFlight::new(),
             peers: PeerTable::default(),
             load_reports: LoadReports::default(),
+            tagged: crate::tagged::TaggedDatagrams::default(),
         });
         let view = RuntimeView { shared };
         let (tx, rx) = mpsc::channel(DRIVER_QUEUE);

@@ -398,6 +398,33 @@ impl Endpoint {
         }
     }
 
+    /// Authenticates and admits the acceptor at the far end of `io`, a byte stream that
+    /// already reaches it by some other way than this endpoint's own TCP dial (an `ssh -W`
+    /// child's pipes, a relay that splices bytes): the TLS session runs end to end through it,
+    /// exactly as over TCP+TLS, so whatever carries the bytes learns nothing of the tunnel.
+    /// `addr` names the acceptor in the connection and in errors; `nodelay` is what the
+    /// stream's own socket says of `TCP_NODELAY`, where it has one. Bounded by the handshake
+    /// timeout.
+    pub async fn connect_over<S>(
+        &self,
+        io: S,
+        addr: SocketAddr,
+        nodelay: Option<bool>,
+    ) -> Result<Connection, ConnectError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let within = self.settings.handshake_timeout;
+        tokio::time::timeout(within, tcp::dial_over(&self.settings, io, addr, nodelay))
+            .await
+            .unwrap_or(Err(ConnectError::TimedOut { addr, transport: Transport::Tcp, after: within }))
+    }
+
+    /// The longest a dial may take to be authenticated and admitted.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.settings.handshake_timeout
+    }
+
     async fn connect_quic(&self, addr: SocketAddr, handshake_within: Duration) -> Result<Connection, ConnectError> {
         let endpoint = self.dial_endpoint(addr)?;
         quic::dial(&endpoint, &self.settings, addr, handshake_within).await
@@ -500,6 +527,25 @@ mod tests {
     #[test]
     fn endpoints_need_a_runtime() {
         assert!(matches!(Endpoint::dialer(config("s")), Err(EndpointError::NoRuntime)));
+    }
+
+    /// The dialler's TLS and admission run over a byte stream some other way provides (here an
+    /// in-memory pipe spliced to a TCP connection, as ssh or a relay splice theirs).
+    #[tokio::test]
+    async fn a_dial_runs_over_any_byte_stream_that_reaches_the_acceptor() {
+        let listener = Endpoint::listen((Ipv4Addr::LOCALHOST, 0).into(), config("s")).expect("listen");
+        let addr = listener.local_addr().expect("bound");
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+        let (near, mut far) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let _ = tokio::io::copy_bidirectional(&mut far, &mut tcp).await;
+        });
+        let client = Endpoint::dialer(config("s")).expect("dialer");
+        let conn = client.connect_over(near, addr, None).await.expect("admitted over the pipe");
+        assert_eq!(conn.peer_id(), listener.node_id());
+        assert_eq!(conn.transport(), Transport::Tcp);
+        let Some(Accepted::Admitted(theirs)) = listener.accept().await else { panic!("refused") };
+        assert_eq!(theirs.peer_id(), client.node_id());
     }
 
     /// A dialler speaking another ALPN version gets a version-mismatch error on both

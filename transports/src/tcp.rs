@@ -1,5 +1,7 @@
 //! The TCP+TLS fallback for sites that block UDP: TLS 1.3 over one TCP connection with
-//! `TCP_NODELAY`, multiplexed by [`crate::mux`], admitted like QUIC.
+//! `TCP_NODELAY`, multiplexed by [`crate::mux`], admitted like QUIC. The dialler's half also
+//! runs over any other byte stream that reaches the acceptor ([`dial_over`]): an `ssh -W`
+//! child's pipes or a relay's spliced connection carry the same TLS session end to end.
 
 use crate::accept::Refusal;
 use crate::admission::{self, DialOutcome, RefusalReason, EXPORTER_LABEL};
@@ -26,13 +28,29 @@ fn timing(s: &Settings) -> Timing {
 /// Dials `addr` over TCP, runs TLS and admission. The caller bounds the time.
 pub(crate) async fn dial(settings: &Settings, addr: SocketAddr) -> Result<Connection, ConnectError> {
     let unreachable = |detail: String| ConnectError::Unreachable { addr, transport: Transport::Tcp, detail };
+    let tcp = TcpStream::connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
+    let nodelay = no_delay(&tcp).map_err(|e| unreachable(format!("setting TCP_NODELAY: {e}")))?;
+    dial_over(settings, tcp, addr, Some(nodelay)).await
+}
+
+/// Runs TLS and admission as the dialler over a byte stream that already reaches the acceptor
+/// at `addr` (a TCP connection, an `ssh -W` child's pipes, a relay's spliced connection).
+/// `nodelay` is what the stream's socket says of `TCP_NODELAY`, where it has one. The caller
+/// bounds the time.
+pub(crate) async fn dial_over<S>(
+    settings: &Settings,
+    io: S,
+    addr: SocketAddr,
+    nodelay: Option<bool>,
+) -> Result<Connection, ConnectError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let handshake = |detail: String| ConnectError::Handshake { addr, transport: Transport::Tcp, detail };
     let config = tls::client_config(&settings.identity, &settings.alpn)
         .map_err(|e| ConnectError::Setup { transport: Transport::Tcp, detail: e.to_string() })?;
-    let tcp = TcpStream::connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
-    let nodelay = no_delay(&tcp).map_err(|e| unreachable(format!("setting TCP_NODELAY: {e}")))?;
     let tls =
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(tls::server_name(), tcp).await.map_err(|e| {
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(tls::server_name(), io).await.map_err(|e| {
             match rustls_error(&e) {
                 Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol)) => {
                     ConnectError::VersionMismatch {
@@ -52,7 +70,7 @@ pub(crate) async fn dial(settings: &Settings, addr: SocketAddr) -> Result<Connec
             .map_err(handshake)?
     };
     let (conn, mut control, activation) =
-        mux::start(tls, Side::Dialler, Transport::Tcp, Some(nodelay)).await.map_err(handshake)?;
+        mux::start(tls, Side::Dialler, Transport::Tcp, nodelay).await.map_err(handshake)?;
     let binding = settings.binding(exporter, peer);
     match admission::dial(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {

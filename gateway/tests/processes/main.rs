@@ -7,15 +7,19 @@
 //! `cargo test -p tela-gateway --test processes slurm_sbatch::`.
 //!
 //! Helpers: `common` (an in-process gateway with `tela node` children and engine simulators),
-//! `procs` (`tela` child processes, an embedded anchor, bounded waits) and `slurm_env` (the local
+//! `procs` (`tela` child processes, an embedded anchor, bounded waits), `login_host` (an `sshd`
+//! of the test's own, `tela relay`, network namespaces) and `slurm_env` (the local
 //! Slurm of `.ci/slurm/start.sh` and the scenario each batch backend runs against it).
 
 mod common;
+mod login_host;
 mod procs;
 mod slurm_env;
 
 mod admission_refusals_say_why;
 mod api_forwards_openai_requests;
+mod batch_api_survives_restarts;
+mod budgets_hold_across_gateways;
 mod conversations_stay_on_one_node;
 mod dashboard_renders_in_chromium;
 mod demo_runs_a_federation_and_stops_cleanly;
@@ -33,7 +37,10 @@ mod gateways_survive_each_other;
 mod in_flight_counts_end_on_every_path;
 mod keys_have_limits_with_openai_rate_headers;
 mod killed_nodes_are_avoided_at_once;
+mod nodes_behind_a_login_host_in_network_namespaces;
+mod nodes_reach_the_gateway_through_ssh_or_a_relay;
 mod openai_sdk_end_to_end;
+mod polite_keys_are_served_while_another_floods;
 mod real_engine_llama_cpp;
 mod sigusr1_drains_open_streams;
 mod slurm_rest;

@@ -103,7 +103,8 @@ pub struct JobTemplate {
     pub cpus_per_task: u32,
     /// The jobs' working directory (their output files land there).
     pub working_dir: String,
-    /// Environment for the job beyond what the template sets (`TELA_TRANSPORT`, `HF_HOME`, ...).
+    /// Environment for the job beyond what the template sets (`TELA_TRANSPORT`, `HF_HOME`,
+    /// `TELA_VIA_SSH` or `TELA_RELAY` where compute nodes reach only the login host, ...).
     pub environment: Vec<(String, String)>,
     /// Job names are `<prefix>-<model>`.
     pub name_prefix: String,

@@ -3,6 +3,8 @@
 
 use crate::control::default_control_path;
 use crate::identity::{read_secret, SecretError};
+use crate::path::DialPath;
+use crate::ssh::SshVia;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,6 +53,11 @@ SLURM
   ~30 s late. The node needs no inbound port and no root: it dials out over QUIC, or
   TCP+TLS where UDP is blocked (--transport tcp, or auto).
 
+  Compute nodes that can reach only the login host: --via-ssh user@login carries the tunnel
+  over your own ssh (`ssh -W gateway:port`; your keys, agent, ~/.ssh/config and ControlMaster
+  apply; it must log in without a prompt), or --relay login:7100 uses a `tela relay` running
+  there. Either way the TLS session runs end to end with the gateway.
+
   A complete example: runtime-tokio/examples/slurm-node.sbatch in the Tela repository.";
 
 /// Run a serving node next to an inference engine: it probes (or launches) the engine, dials
@@ -79,6 +86,21 @@ pub struct NodeArgs {
     /// Transport to the gateways: QUIC, TCP+TLS, or QUIC falling back to TCP [default: auto].
     #[arg(long, env = "TELA_TRANSPORT", value_name = "auto|quic|tcp")]
     pub transport: Option<String>,
+
+    /// Reach the gateways through this login host's ssh (`ssh -W gateway:port`), for compute
+    /// nodes whose only way out is the login host; carries TCP+TLS.
+    #[arg(long, env = "TELA_VIA_SSH", value_name = "[USER@]HOST", conflicts_with = "relay")]
+    pub via_ssh: Option<String>,
+
+    /// The ssh client for --via-ssh, as a shell command line (`ssh -p 2222 -i ~/.ssh/key`)
+    /// [default: ssh].
+    #[arg(long, env = "TELA_SSH_COMMAND", value_name = "COMMAND")]
+    pub ssh_command: Option<String>,
+
+    /// Reach the gateways through a `tela relay` (host:port); repeat for several, the first
+    /// that answers carries each tunnel; carries TCP+TLS.
+    #[arg(long, env = "TELA_RELAY", value_delimiter = ',', value_name = "HOST:PORT")]
+    pub relay: Vec<String>,
 
     /// Identity key file, created on first run [default: ~/.config/tela/identity.key].
     #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
@@ -153,6 +175,9 @@ struct FileConfig {
     join_secret: Option<String>,
     join_secret_file: Option<PathBuf>,
     transport: Option<String>,
+    via_ssh: Option<String>,
+    ssh_command: Option<String>,
+    relay: Option<Vec<String>>,
     identity: Option<PathBuf>,
     backend_url: Option<String>,
     engine_cmd: Option<String>,
@@ -176,6 +201,8 @@ pub struct NodeSettings {
     pub join_secret: JoinSecret,
     /// Transport for dials.
     pub transport: TransportMode,
+    /// How dials reach the gateways (directly, through ssh, through relays).
+    pub path: DialPath,
     /// Identity key file (`None`: the default location).
     pub identity: Option<PathBuf>,
     /// The engine's base URL.
@@ -235,6 +262,12 @@ pub enum NodeConfigError {
     /// Unknown transport.
     #[error("--transport '{0}' is not one of auto, quic, tcp")]
     BadTransport(String),
+    /// A relay address is not `host:port`.
+    #[error("--relay '{0}' is not HOST:PORT (e.g. login1.cluster:7100)")]
+    BadRelay(String),
+    /// Two paths at once, or QUIC over a path that carries only TCP.
+    #[error("{0}")]
+    BadPath(String),
     /// A duration does not parse.
     #[error("--{flag} '{value}' is not a duration ({detail}); use e.g. 90s, 15m, 2h, 1h30m")]
     BadDuration {
@@ -306,8 +339,21 @@ impl NodeArgs {
         };
         let join_secret = read_secret(secret.as_deref(), secret_file.as_deref())?;
         let transport = pick(&self.transport, file.transport).unwrap_or_else(|| "auto".into());
-        let transport: TransportMode =
+        let mut transport: TransportMode =
             transport.parse().map_err(|_| NodeConfigError::BadTransport(transport.clone()))?;
+        let path = dial_path(
+            pick(&self.via_ssh, file.via_ssh),
+            pick(&self.ssh_command, file.ssh_command),
+            if self.relay.is_empty() { file.relay.unwrap_or_default() } else { self.relay.clone() },
+        )?;
+        if !path.carries(transport) {
+            return Err(NodeConfigError::BadPath(format!(
+                "--transport quic cannot go {path}: ssh and relays carry TCP+TLS only (use --transport tcp or auto)"
+            )));
+        }
+        if path != DialPath::Direct {
+            transport = TransportMode::Tcp;
+        }
         let backend_url = pick(&self.backend_url, file.backend_url).unwrap_or_else(|| "http://127.0.0.1:8000".into());
         crate::engine::Backend::new(&backend_url)?;
         let engine_cmd = pick(&self.engine_cmd, file.engine_cmd).filter(|c| !c.trim().is_empty());
@@ -332,6 +378,7 @@ impl NodeArgs {
             join,
             join_secret,
             transport,
+            path,
             identity: pick(&self.identity, file.identity),
             backend_url,
             engine_cmd,
@@ -379,6 +426,37 @@ fn check_join(j: &str) -> Result<(), NodeConfigError> {
         return Err(bad());
     }
     Ok(())
+}
+
+/// The dial path from `--via-ssh`, `--ssh-command` and `--relay`, checked.
+fn dial_path(
+    via_ssh: Option<String>,
+    ssh_command: Option<String>,
+    relays: Vec<String>,
+) -> Result<DialPath, NodeConfigError> {
+    let via_ssh = via_ssh.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let relays: Vec<String> = relays.into_iter().map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect();
+    let ssh_command = ssh_command.map(|c| c.trim().to_string()).filter(|c| !c.is_empty());
+    match (via_ssh, relays.is_empty()) {
+        (Some(_), false) => Err(NodeConfigError::BadPath(
+            "--via-ssh and --relay both given: a node reaches its gateways one way; pick one".into(),
+        )),
+        (Some(destination), true) => {
+            if destination.starts_with('-') || destination.contains(char::is_whitespace) {
+                return Err(NodeConfigError::BadPath(format!(
+                    "--via-ssh '{destination}' is not [USER@]HOST (put ssh options in --ssh-command)"
+                )));
+            }
+            Ok(DialPath::Ssh(SshVia { destination, command: ssh_command }))
+        }
+        (None, false) => {
+            for r in &relays {
+                check_join(r).map_err(|_| NodeConfigError::BadRelay(r.clone()))?;
+            }
+            Ok(DialPath::Relays(relays))
+        }
+        (None, true) => Ok(DialPath::Direct),
+    }
 }
 
 fn check_models(models: &[String]) -> Result<(), NodeConfigError> {
@@ -458,6 +536,35 @@ transport = "tcp"
         assert_eq!(s.load_interval, Duration::from_millis(500), "default");
         assert_eq!(s.backend_url, "http://127.0.0.1:8000");
         assert!(s.walltime.is_none());
+    }
+
+    #[test]
+    fn ssh_and_relay_paths_carry_tcp_and_exclude_each_other() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let base = ["--join", "gw.internal:7000", "--join-secret", "s"];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args).resolve()
+        };
+        let s = with(&["--via-ssh", "me@login1", "--ssh-command", "ssh -p 2222"]).expect("valid");
+        assert_eq!(
+            s.path,
+            DialPath::Ssh(SshVia { destination: "me@login1".into(), command: Some("ssh -p 2222".into()) })
+        );
+        assert_eq!(s.transport, TransportMode::Tcp, "ssh carries TCP+TLS");
+        let s = with(&["--relay", "login1:7100", "--relay", "login2:7100"]).expect("valid");
+        assert_eq!(s.path, DialPath::Relays(vec!["login1:7100".into(), "login2:7100".into()]));
+        assert_eq!(with(&[]).expect("valid").path, DialPath::Direct);
+        let err = with(&["--relay", "login1:7100", "--transport", "quic"]).unwrap_err().to_string();
+        assert!(err.contains("TCP+TLS only"), "{err}");
+        let err = with(&["--relay", "login1"]).unwrap_err().to_string();
+        assert!(err.contains("--relay 'login1' is not HOST:PORT"), "{err}");
+        let err = with(&["--via-ssh=-oProxyCommand=x"]).unwrap_err().to_string();
+        assert!(err.contains("--ssh-command"), "{err}");
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--via-ssh", "login", "--relay", "login:7100"]);
+        assert!(Cli::try_parse_from(std::iter::once("tela-node").chain(args)).is_err(), "one path only");
     }
 
     #[test]

@@ -92,15 +92,17 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     let mut config = RuntimeConfig::new(core);
     config.join = settings.join.clone();
     config.transport = settings.transport;
+    config.path = settings.path.clone();
     config.exit_when_refused = true;
 
     let endpoint = Endpoint::dialer(EndpointConfig::new(identity, settings.join_secret.clone()))?;
     let forward = ForwardConfig { idle_timeout: settings.stream_idle_timeout, ..ForwardConfig::default() };
     let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward));
     tracing::info!(
-        "joining via {} over {}; engine at {}",
+        "joining via {} over {} {}; engine at {}",
         settings.join.join(", "),
         settings.transport,
+        settings.path,
         settings.backend_url
     );
     let _control = ControlServer::start(&settings.control, &runtime)?;

@@ -74,6 +74,11 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
+    /// Wraps a `tela node` child started some other way (in a network namespace, say).
+    pub fn from_parts(id: NodeId, control: PathBuf, log: PathBuf, child: Child) -> NodeProc {
+        NodeProc { id, control, log, child }
+    }
+
     /// `kill -9`.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
