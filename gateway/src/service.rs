@@ -6,14 +6,15 @@
 //! | `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` | key | forwarded to a node ([`crate::proxy`]) |
 //! | `GET /v1/models`, `/v1/models/{id}` | key | every model some node serves, OpenAI list shape |
 //! | `/v1/files…`, `/v1/batches…` | key | OpenAI's Batch API ([`crate::batch::api`]) |
+//! | `POST` any other `/v1/…` naming a `model` in its JSON or form | key | forwarded unchanged like the above: `/v1/responses`, `/v1/audio/transcriptions` (multipart), `/v1/images/generations`, `/v1/rerank`, whatever the engines serve |
 //! | `GET /status` | key, unless `--open-status` | the federation as JSON ([`crate::status`]) |
 //! | `GET /metrics` | key, unless `--open-status` | Prometheus text ([`crate::metrics`]) |
 //! | `GET /health` | none | `{"status":"ok"}` and counts, nothing secret |
 //! | `GET /` | none | the dashboard page (it fetches `/status` with the key it is given) |
 //!
 //! Order of checks for an API request: the key (401), the concurrency limit (429), the declared
-//! and then the actual body size (413) and the body's arrival time (408), the JSON and its
-//! `model` (400), whether the key may use that model (the same 404 as a model nobody serves,
+//! and then the actual body size (413) and the body's arrival time (408), the JSON (or the
+//! multipart form) and its `model` (400), whether the key may use that model (the same 404 as a model nobody serves,
 //! listing only the key's models) and the key's own limits (429, [`crate::limits`]), then
 //! routing (404 for a model nobody serves, 503 when no node can take it). Every `/v1/` response
 //! to a key with rate limits carries OpenAI's `x-ratelimit-*` headers; a key limited to some
@@ -141,7 +142,7 @@ impl Shared {
 }
 
 /// The fields of an API request body the gateway reads; the rest passes through unread.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Peek<'a> {
     #[serde(borrow, default)]
     model: Option<std::borrow::Cow<'a, str>>,
@@ -197,6 +198,9 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
                     (p, &Method::GET) if p.starts_with("/v1/models/") => {
                         model_for(&shared, &caller, &p["/v1/models/".len()..])
                     }
+                    // Every other OpenAI route names its model in the body (JSON or a form):
+                    // Responses, audio, images, rerank, whatever the engines serve.
+                    (p, &Method::POST) if !p.starts_with("/v1/models") => api(&shared, request, &mut caller).await,
                     _ => ApiError::no_such_path(m, p).into_response(),
                 };
                 caller.stamp(response.headers_mut());
@@ -240,6 +244,25 @@ fn metrics(shared: &Shared) -> Response<GatewayBody> {
     response
 }
 
+/// The `model` and `stream` fields of a `multipart/form-data` request (audio transcriptions,
+/// image edits): the form passes on unchanged.
+fn peek_form(content_type: &str, body: &[u8]) -> Result<Peek<'static>, ApiError> {
+    use crate::batch::multipart;
+    let bad = |e: multipart::MultipartError| ApiError::bad_request("invalid_multipart", e.to_string());
+    let parts = multipart::parse(body, &multipart::boundary(content_type).map_err(bad)?).map_err(bad)?;
+    let text = |name: &str| {
+        parts
+            .iter()
+            .find(|p| p.name == name && p.filename.is_none())
+            .map(|p| String::from_utf8_lossy(p.data).trim().to_string())
+    };
+    Ok(Peek {
+        model: text("model").map(std::borrow::Cow::Owned),
+        stream: text("stream").map(|s| s.eq_ignore_ascii_case("true")),
+        ..Peek::default()
+    })
+}
+
 /// An inference request: limits, the cheap parse, then forwarding.
 async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -> Response<GatewayBody> {
     let (arrived, started) = (SystemTime::now(), Instant::now());
@@ -257,13 +280,22 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
         Err(e) => return shared.answer_error(e, "-"),
     };
     let ready_at = Instant::now();
-    let peek: Peek<'_> = match serde_json::from_slice(&body) {
-        Ok(p) => p,
-        Err(e) => {
-            return shared.answer_error(
-                ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}")),
-                "-",
-            )
+    let content_type = parts.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let form = content_type.trim_start().get(..19).is_some_and(|t| t.eq_ignore_ascii_case("multipart/form-data"));
+    let peek: Peek<'_> = if form {
+        match peek_form(content_type, &body) {
+            Ok(p) => p,
+            Err(e) => return shared.answer_error(e, "-"),
+        }
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(p) => p,
+            Err(e) => {
+                return shared.answer_error(
+                    ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}")),
+                    "-",
+                )
+            }
         }
     };
     let Some(model) = peek.model.filter(|m| !m.is_empty()).map(|m| m.into_owned()) else {
@@ -284,7 +316,16 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
     let charge = |settlement| {
         Charge::new(shared.metrics.clone(), shared.ledger.clone(), payer.clone(), asked.clone(), settlement)
     };
-    let key_guard = match admit_key(shared, caller, &model, path, &body) {
+    // A form (audio, image edits) is estimated by its completion alone: its file's bytes are
+    // not tokens.
+    let estimated = |body: &Bytes| -> Bytes {
+        if form {
+            Bytes::from_static(b"{}")
+        } else {
+            body.clone()
+        }
+    };
+    let key_guard = match admit_key(shared, caller, &model, path, &estimated(&body)) {
         Ok(guard) => guard,
         Err(refused) => {
             charge(None).refused(refused.status().as_u16());
@@ -317,9 +358,10 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
             held.push(Box::new(guard));
         }
     }
+    let estimated = estimated(&body);
     let flow = caller.entry().map_or_else(|| "-".to_string(), |e| e.name.clone());
     let nodes = crate::fairness::nodes_serving(&shared.view, &model);
-    match shared.fair.enter(&model, &flow, nodes, || crate::limits::estimate_tokens(path, &body)).await {
+    match shared.fair.enter(&model, &flow, nodes, || crate::limits::estimate_tokens(path, &estimated)).await {
         Ok(Some(slot)) => held.push(Box::new(slot)),
         Ok(None) => {}
         Err(e) => {

@@ -16,6 +16,7 @@ use super::openai::{
     completion_body, embeddings_body, model_body, parse_chat, parse_completion, parse_embeddings, ApiError, Endpoint,
     ResponseMeta, Usage,
 };
+use super::routes::Other;
 use super::stream::{StreamCut, StreamPlan, TokenStream};
 use super::{unix_now, Counters, FailMode, InFlight, Shared};
 
@@ -38,6 +39,7 @@ enum Route {
     Model(String),
     Generation(Endpoint),
     Embeddings,
+    Other(Other),
 }
 
 impl Route {
@@ -50,6 +52,7 @@ impl Route {
             "/v1/chat/completions" => (Route::Generation(Endpoint::Chat), "POST"),
             "/v1/completions" => (Route::Generation(Endpoint::Completion), "POST"),
             "/v1/embeddings" => (Route::Embeddings, "POST"),
+            p if Other::of(p).is_some() => (Route::Other(Other::of(p)?), "POST"),
             _ => match path.strip_prefix("/v1/models/") {
                 Some(id) if !id.is_empty() => (Route::Model(id.to_owned()), "GET"),
                 _ => return None,
@@ -110,18 +113,29 @@ async fn respond(
         Route::Model(id) => error_response(&ApiError::model_not_found(&id, &config.models)),
         Route::Generation(endpoint) => return generation(shared, request, endpoint, in_flight).await,
         Route::Embeddings => return embeddings(shared, request).await,
+        Route::Other(other) => {
+            let content_type =
+                request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            match read_bytes(request).await {
+                Ok(body) => super::routes::answer(shared, other, &content_type, body).await,
+                Err(e) => error_response(&e),
+            }
+        }
     })
+}
+
+/// Reads a body of at most [`MAX_BODY_BYTES`]; any failure is the client's 4xx.
+async fn read_bytes(request: Request<Incoming>) -> Result<Bytes, ApiError> {
+    match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::body_too_large(MAX_BODY_BYTES)),
+        Err(e) => Err(ApiError::invalid_request(format!("could not read the request body: {e}"))),
+    }
 }
 
 /// Reads and parses a JSON body; any failure is the client's 4xx.
 async fn read_json(request: Request<Incoming>) -> Result<Value, ApiError> {
-    let bytes = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return Err(ApiError::body_too_large(MAX_BODY_BYTES))
-        }
-        Err(e) => return Err(ApiError::invalid_request(format!("could not read the request body: {e}"))),
-    };
+    let bytes = read_bytes(request).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid_request(format!("the request body is not valid JSON: {e}")))
 }
@@ -256,17 +270,21 @@ async fn embeddings(
     Ok(json_response(StatusCode::OK, &embeddings_body(&request, &vectors, prompt_tokens)))
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
+/// A whole body.
+pub(crate) fn full_body(bytes: Bytes) -> ResponseBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
     // Serialising a `Value` cannot fail.
     let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let body = Full::new(Bytes::from(bytes)).map_err(|never| match never {}).boxed();
-    let mut response = Response::new(body);
+    let mut response = Response::new(full_body(Bytes::from(bytes)));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
-fn error_response(error: &ApiError) -> Response<ResponseBody> {
+pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
     let mut response = json_response(error.status, &error.body());
     if let Some(allow) = error.allow {
         response.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));

@@ -53,6 +53,9 @@
 //!   optional usage chunk) and `data: [DONE]\n\n`.
 //! - `POST /v1/embeddings` — a string or a list of strings; deterministic unit vectors derived
 //!   from a hash of each text (`encoding_format: "base64"` and `dimensions` are honoured).
+//! - `POST /v1/responses`, `/v1/audio/transcriptions` (multipart), `/v1/images/generations`,
+//!   `/v1/rerank` — small deterministic answers in OpenAI's shapes, so that the gateway's
+//!   forwarding of every OpenAI route can be tested (`routes.rs` says what each returns).
 //!
 //! Errors use OpenAI's shape `{"error":{"message","type","param","code"}}`: malformed JSON or a
 //! missing field → 400 `invalid_request_error`; an unknown model → 404 `model_not_found`
@@ -76,6 +79,7 @@ mod http;
 mod kv_cache;
 mod metrics;
 mod openai;
+mod routes;
 mod scheduler;
 pub mod sse;
 mod stream;

@@ -28,6 +28,7 @@ mod engine_death_turns_node_down;
 mod engine_sim;
 mod engines_report_their_load;
 mod errors_have_the_openai_shape;
+mod every_openai_route_is_forwarded;
 mod failures_before_the_first_byte_are_retried;
 mod federation_detects_a_killed_node;
 mod federation_forms_over_quic;
