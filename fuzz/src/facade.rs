@@ -173,10 +173,6 @@ fn config(u: &mut Unstructured<'_>) -> Config {
         0 => m.eager_sends,
         b => u32::from(b % 6),
     };
-    m.answers_per_round = match byte(u) {
-        0 => m.answers_per_round,
-        b => Some(usize::from(b % 5)),
-    };
     c.drain_window = duration(u, c.drain_window, ms(250));
     c.leave_linger = duration(u, c.leave_linger, ms(20));
     c.max_datagram = match byte(u) {
