@@ -21,8 +21,9 @@
 //!
 //! Keys are named on the wire by 16 bytes of a hash of their hash ([`spend_id`]), so the
 //! datagrams never carry what a key file holds. A gateway restarted with the same identity
-//! learns back its own previous count from its peers ([`KeyCounters::raise_spent`]), so a
-//! restart does not hand a key a fresh budget while another gateway remembers it.
+//! learns back its own previous count from its peers
+//! ([`crate::limits::KeyCounters::raise_spent`]), so a restart does not hand a key a fresh
+//! budget while another gateway remembers it.
 //!
 //! # How much a key can overspend
 //!
