@@ -95,6 +95,11 @@ impl Answers {
     pub(crate) fn new(per_round: Option<usize>) -> Answers {
         Answers { per_round, left: per_round.unwrap_or(0), owed: VecDeque::new() }
     }
+
+    /// Whether the next round has answers to pay or a spent budget to renew.
+    pub(crate) fn round_has_work(&self) -> bool {
+        self.per_round.is_some_and(|n| self.left < n || !self.owed.is_empty())
+    }
 }
 
 impl Node {

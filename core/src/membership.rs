@@ -253,6 +253,10 @@ pub(crate) struct Membership {
     fetching: HashMap<NodeId, Fetching, FixedState>,
     /// The answers budget and the answers owed.
     pub(crate) answers: Answers,
+    /// When the next gossip round is due on the round grid (the first round plus whole
+    /// intervals), whether or not its timer is armed: a round with nothing to do is skipped,
+    /// and the timer is re-armed at the next grid point once there is work again.
+    next_round: Time,
 }
 
 /// A record asked for after an announcement, until it arrives or no announcer is left to ask.
@@ -278,9 +282,21 @@ impl Membership {
             told_down: Vec::new(),
             fetching: HashMap::default(),
             answers: Answers::new(settings.answers_per_round),
+            next_round: now,
             detector,
             settings,
         }
+    }
+
+    /// Whether a gossip round would do anything: send queued updates, pull (an outbound-only
+    /// node), notify suspects, retry fetches, or pay owed answers and renew a spent budget.
+    /// A round that would do nothing is skipped, so an idle node sets no gossip wake.
+    fn round_has_work(&self, outbound_only: bool) -> bool {
+        outbound_only
+            || self.records.len() + self.suspicions.len() > 0
+            || !self.suspects.is_empty()
+            || !self.fetching.is_empty()
+            || self.answers.round_has_work()
     }
 
     /// Updates waiting to be piggybacked, records and suspicions.
@@ -311,6 +327,7 @@ impl Node {
         let gossip = st.settings.gossip_interval;
         let first_repair = repair_interval(&self.config.reach, &st.settings).min(gossip.saturating_mul(10));
         let jitter = self.jitter(gossip);
+        self.membership.next_round = self.now + jitter;
         self.timers.set(Timer::Gossip, self.now + jitter);
         let jitter = self.jitter(first_repair);
         self.timers.set(Timer::AntiEntropy, self.now + jitter);
@@ -687,7 +704,13 @@ impl Node {
                     }
                 }
                 self.retry_fetches();
-                self.timers.set(Timer::Gossip, self.now + interval);
+                let st = &mut self.membership;
+                st.next_round = self.now + interval;
+                if st.round_has_work(self.config.reach == Reachability::OutboundOnly) {
+                    self.timers.set(Timer::Gossip, st.next_round);
+                } else {
+                    self.timers.stop(Timer::Gossip);
+                }
             }
             Timer::AntiEntropy => {
                 let (interval, ttl) = (repair_interval(&self.config.reach, &st.settings), st.settings.tombstone_ttl);
@@ -698,12 +721,36 @@ impl Node {
         true
     }
 
+    /// Re-arms a sleeping gossip round at the next point of the round grid once it has work
+    /// again, so that skipping idle rounds moves no round that has work. Called after every
+    /// input.
+    fn wake_gossip(&mut self) {
+        if self.timers.get(Timer::Gossip).is_some() {
+            return;
+        }
+        let st = &self.membership;
+        if !st.round_has_work(self.config.reach == Reachability::OutboundOnly) {
+            return;
+        }
+        let step = u64::try_from(st.settings.gossip_interval.as_micros()).unwrap_or(u64::MAX).max(1);
+        let behind = self.now.as_micros().saturating_sub(st.next_round.as_micros());
+        let at = Time(st.next_round.as_micros().saturating_add(behind.div_ceil(step).saturating_mul(step)));
+        self.membership.next_round = at;
+        self.timers.set(Timer::Gossip, at);
+    }
+
     /// Turns the detector's actions into datagrams and queued updates and its events into
-    /// registry changes, then re-arms its timer. Called after every input.
+    /// registry changes, then re-arms its timer; then wakes a sleeping gossip round if it has
+    /// work. Called after every input.
     pub(crate) fn drive_detector(&mut self) {
         if self.exited {
             return;
         }
+        self.drive_detector_actions();
+        self.wake_gossip();
+    }
+
+    fn drive_detector_actions(&mut self) {
         let me = self.config.id;
         let limit = self.config.max_datagram;
         loop {
@@ -864,6 +911,40 @@ mod tests {
         }
         assert!(now > Time::from_secs(30), "only {now} passed");
         assert_eq!(node.local_record().heartbeat, 0);
+    }
+
+    #[test]
+    fn idle_rounds_set_no_wake_and_news_wakes_them_on_the_round_grid() {
+        use crate::harness::Harness;
+        let mut h = Harness::new(3);
+        let ids: Vec<NodeId> = (1..=4).map(NodeId::from_u64).collect();
+        for &id in &ids {
+            let mut c = Config::new(id, 1);
+            c.reach = Reachability::Public(format!("node{id}"));
+            h.add(c);
+        }
+        for &id in &ids[1..] {
+            h.connect(ids[0], id);
+        }
+        h.run_for(core::time::Duration::from_secs(20));
+        let grid =
+            |n: &Node| n.membership.next_round.as_micros() % n.membership.settings.gossip_interval.as_micros() as u64;
+        let phases: Vec<u64> = ids.iter().map(|&id| grid(h.node(id))).collect();
+        for &id in &ids {
+            let n = h.node(id);
+            assert_eq!(n.swim_queued(), (0, 0), "{id} has nothing left to gossip");
+            assert_eq!(n.timers.get(Timer::Gossip), None, "{id} sleeps between rounds when idle");
+        }
+        // A change on one node wakes its round on the same grid, and reaches every node.
+        h.input(ids[2], crate::node::Input::EngineReady { models: vec![crate::Model::named("m")] });
+        let woken = h.node(ids[2]).timers.get(Timer::Gossip).expect("woken by news");
+        assert!(woken >= h.now());
+        assert_eq!(grid(h.node(ids[2])), phases[2], "on its round grid");
+        assert!(h.run_until(core::time::Duration::from_secs(5), |h| {
+            ids.iter().all(|&id| h.node(id).replica().serving("m").to_vec() == [ids[2]])
+        }));
+        h.run_for(core::time::Duration::from_secs(10));
+        assert!(ids.iter().all(|&id| h.node(id).timers.get(Timer::Gossip).is_none()), "asleep again");
     }
 
     /// Counts the signature checks it is asked for, and answers as [`crate::auth::Strict`] does.
