@@ -14,6 +14,7 @@
 //! | `tela_chromium` | `TELA_CHROMIUM` | the dashboard in a browser |
 //! | `tela_slurm` | `TELA_SLURM_PARTITION` or `TELA_SLURM_ENV` | a real local Slurm (sbatch) |
 //! | `tela_slurmrest` | `TELA_SLURMRESTD_URL`, or the file `TELA_SLURM_ENV` names | slurmrestd |
+//! | `tela_firecrest` | `TELA_FIRECREST_URL` | FirecREST v2 in front of the local Slurm (`.ci/setup-firecrest.sh`) |
 //! | `tela_sshd` | `TELA_SSHD` | nodes behind a login host's `sshd` (`--via-ssh`) |
 //! | `tela_netns` | `TELA_NETNS=1` (root, `ip netns` works) | nodes in a network namespace cut off from the gateway |
 //!
@@ -24,7 +25,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
-    for cfg in ["tela_sdk", "tela_llama", "tela_chromium", "tela_slurm", "tela_slurmrest", "tela_sshd", "tela_netns"] {
+    for cfg in [
+        "tela_sdk",
+        "tela_llama",
+        "tela_chromium",
+        "tela_slurm",
+        "tela_slurmrest",
+        "tela_firecrest",
+        "tela_sshd",
+        "tela_netns",
+    ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
     }
     let watched = [
@@ -37,6 +47,7 @@ fn main() {
         "TELA_SLURM_PARTITION",
         "TELA_SLURM_ENV",
         "TELA_SLURMRESTD_URL",
+        "TELA_FIRECREST_URL",
         "TELA_SSHD",
         "TELA_NETNS",
     ];
@@ -63,6 +74,7 @@ fn main() {
         ("tela_chromium", ci || set("TELA_CHROMIUM")),
         ("tela_slurm", require_slurm || set("TELA_SLURM_PARTITION") || set("TELA_SLURM_ENV")),
         ("tela_slurmrest", require_slurm || set("TELA_SLURMRESTD_URL") || file_has_rest),
+        ("tela_firecrest", require_slurm || set("TELA_FIRECREST_URL")),
         ("tela_sshd", ci || set("TELA_SSHD")),
         ("tela_netns", ci || std::env::var("TELA_NETNS").is_ok_and(|v| v == "1")),
     ];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stops what .ci/slurm/start.sh started, by pid file only: cancels the jobs first (so that no
-# slurmstepd outlives slurmd), then slurmrestd, slurmd, slurmctld and munged (the latter only
-# if start.sh started it).
+# slurmstepd outlives slurmd), then slurmrestd, slurmd, slurmctld, slurmdbd and mariadbd (with
+# TELA_SLURM_ACCOUNTING=1) and munged (the latter only if start.sh started it).
 #   --purge  also delete the controller's and slurmd's state, the logs and the generated config
 set -uo pipefail
 RUN=${TELA_SLURM_RUN:-/run/tela-slurm}
@@ -18,7 +18,7 @@ if [ -s "$RUN/slurmctld.pid" ] && command -v scancel >/dev/null && scontrol ping
 fi
 
 pids=()
-for name in slurmrestd slurmd slurmctld munged; do
+for name in slurmrestd slurmd slurmctld slurmdbd mariadbd munged; do
   f="$RUN/$name.pid"; [ -s "$f" ] || continue
   p=$(cat "$f")
   if [ -d "/proc/$p" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$name" ]; then
@@ -35,6 +35,6 @@ rm -f "$RUN/env" "$RUN/jwt"
 if [ "${1:-}" = "--purge" ]; then
   log "purging state"
   rm -rf /var/spool/slurmctld /var/spool/slurmd "$RUN" /var/log/slurm/slurm*.log \
-         /etc/slurm/slurm.conf /etc/slurm/gres.conf
+         /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/slurmdbd.conf
 fi
 exit 0

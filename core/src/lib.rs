@@ -99,7 +99,7 @@ pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, 
 pub use placement::{place, ModelSpec, NoPlacement, NodeShape, Placement};
 pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version};
 pub use replica::Replica;
-pub use routing::{route, route_with, Prefix, PrefixHasher, RouteError, RoutingPolicy};
+pub use routing::{route, route_with, HostState, Prefix, PrefixHasher, RouteError, RoutingPolicy};
 pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
 pub use swim::{Swim, SwimConfig};
 pub use time::Time;

@@ -67,10 +67,20 @@
 //!    bound is larger (SGLang's router has the same absolute threshold beside its relative one):
 //!    a cached prefix saves more than waiting behind one or two requests costs. The bound always
 //!    leaves at least one candidate: their bounds sum to more than `T`.
+//! 6. **Handover.** A candidate that is [handing over](HostState::handing_over) — its node
+//!    leaves soon: its walltime is near — ranks below every other. Steps 4 and 5 run over the
+//!    other candidates as if it were gone (their loads and capacities alone make the bound), and
+//!    it gets a prefix only when no other candidate is usable. So its keys move, before it
+//!    turns DOWN, to the node they will stay on once it has left — their next-ranked one — and no
+//!    other key moves (rendezvous hashing's minimal disruption). Requests it already serves
+//!    finish there. Only prefix-keyed requests avoid it: a request without a key, and every
+//!    request under the other policies, has no next turn to keep together, and a node that hands
+//!    over still has capacity until it drains (its drain window lets what it takes finish).
 //!
 //! Everything is integer arithmetic over fixed hashes — no RNG, no float, no per-process hash
-//! seed — so two gateways given the same request, the same candidates and the same loads pick
-//! the same node. Loads are each gateway's own in-flight counts; two gateways agree exactly
+//! seed — so two gateways given the same request, the same candidates, the same loads and the
+//! same handover marks pick the same node (a node that hands over says so to every gateway at
+//! once, in its load reports, so the marks agree). Loads are each gateway's own in-flight counts; two gateways agree exactly
 //! while neither pushes the first choice over its bound. Unlike p2c, prefix and least-loaded
 //! look at every host of the model (`O(n)`; a hash mix and a comparison per host).
 
@@ -381,6 +391,23 @@ fn tier_weight(tier: u8) -> u64 {
     }
 }
 
+/// What the caller knows of a usable host beyond its record: its load, and whether it hands
+/// over. A plain `u32` converts into it as a load with no handover.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostState {
+    /// Requests in flight on the host, as the caller counts them.
+    pub in_flight: u32,
+    /// The host leaves soon (its walltime is near) and takes no new conversations: it ranks
+    /// last for prefix-keyed requests (see the module docs, step 6).
+    pub handing_over: bool,
+}
+
+impl From<u32> for HostState {
+    fn from(in_flight: u32) -> HostState {
+        HostState { in_flight, handing_over: false }
+    }
+}
+
 /// A usable host, its load and its capacity share.
 #[derive(Clone, Copy, Debug)]
 struct Candidate {
@@ -388,6 +415,7 @@ struct Candidate {
     in_flight: u32,
     /// The tier weight in tenths: a higher weight means a slower node.
     weight: u64,
+    handing_over: bool,
 }
 
 impl Candidate {
@@ -416,8 +444,11 @@ fn within_bound(c: &Candidate, total_in_flight: u64, total_capacity: u64) -> boo
     u128::from(c.in_flight) < relative.max(absolute)
 }
 
-/// The highest-ranked candidate for `key` within the load bound (see the module docs).
+/// The highest-ranked candidate for `key` within the load bound, among those that do not hand
+/// over if there are any (see the module docs).
 fn by_prefix(key: u64, candidates: &[Candidate]) -> Option<NodeId> {
+    let staying: Vec<Candidate> = candidates.iter().filter(|c| !c.handing_over).copied().collect();
+    let candidates = if staying.is_empty() { candidates } else { &staying };
     let total_in_flight: u64 = candidates.iter().map(|c| u64::from(c.in_flight)).sum();
     let total_capacity: u64 = candidates.iter().map(Candidate::capacity).sum();
     candidates
@@ -433,18 +464,19 @@ fn by_prefix(key: u64, candidates: &[Candidate]) -> Option<NodeId> {
 /// content (only [`RoutingPolicy::Prefix`] reads it, and `rng` only [`RoutingPolicy::P2c`]).
 ///
 /// `usable(id)` says whether the caller can send to `id` now and has not tried it for this
-/// request; `in_flight(id)` is the caller's count of requests in flight on `id`.
-pub fn route_with<R: Rng + ?Sized>(
+/// request; `host(id)` is what the caller knows of `id`: its count of requests in flight there
+/// (a plain `u32`), or a [`HostState`] that also says whether `id` hands over.
+pub fn route_with<R: Rng + ?Sized, H: Into<HostState>>(
     policy: RoutingPolicy,
     replica: &Replica,
     model: &str,
     prefix: &Prefix,
     mut usable: impl FnMut(NodeId) -> bool,
-    mut in_flight: impl FnMut(NodeId) -> u32,
+    mut host: impl FnMut(NodeId) -> H,
     rng: &mut R,
 ) -> Result<NodeId, RouteError> {
     if policy == RoutingPolicy::P2c {
-        return route(replica, model, usable, in_flight, rng);
+        return route(replica, model, usable, |id| host(id).into().in_flight, rng);
     }
     let hosts = replica.serving(model);
     if hosts.is_empty() {
@@ -455,7 +487,8 @@ pub fn route_with<R: Rng + ?Sized>(
         .filter(|&id| usable(id))
         .map(|id| {
             let tier = replica.get(&id).map_or(4, |s| s.record().hardware.gpu.tier());
-            Candidate { id, in_flight: in_flight(id), weight: tier_weight(tier) }
+            let HostState { in_flight, handing_over } = host(id).into();
+            Candidate { id, in_flight, weight: tier_weight(tier), handing_over }
         })
         .collect();
     let picked = match (policy, prefix.key()) {
@@ -683,7 +716,7 @@ mod tests {
         let mut count = [0u32; 5];
         for i in 0..2000 {
             let prefix = chat(&[("system", "shared"), ("user", &format!("question {i}"))]);
-            let id = route_with(RoutingPolicy::Prefix, &r, "m", &prefix, |_| true, |_| 0, &mut rng).unwrap();
+            let id = route_with(RoutingPolicy::Prefix, &r, "m", &prefix, |_| true, |_| 0u32, &mut rng).unwrap();
             count[id.short() as usize] += 1;
         }
         assert!(count[1..].iter().all(|&n| (350..650).contains(&n)), "{count:?}");
@@ -703,9 +736,9 @@ mod tests {
         assert_eq!(pick([0, 1, 0, 0], &mut rng), 3);
         // Tier 3 weighs twice tier 1: (0 + 1) × 20 < (2 + 1) × 10.
         assert_eq!(pick([0, 2, 0, 2], &mut rng), 2);
-        let e = route_with(RoutingPolicy::Prefix, &r, "x", &Prefix::default(), |_| true, |_| 0, &mut rng);
+        let e = route_with(RoutingPolicy::Prefix, &r, "x", &Prefix::default(), |_| true, |_| 0u32, &mut rng);
         assert!(matches!(e, Err(RouteError::UnknownModel { .. })));
-        let e = route_with(RoutingPolicy::Prefix, &r, "m", &Prefix::default(), |_| false, |_| 0, &mut rng);
+        let e = route_with(RoutingPolicy::Prefix, &r, "m", &Prefix::default(), |_| false, |_| 0u32, &mut rng);
         assert_eq!(e, Err(RouteError::NoCapacity { model: "m".into(), hosts: 3 }));
     }
 
@@ -716,12 +749,49 @@ mod tests {
     }
 
     fn prefix_route(r: &Replica, prefix: &Prefix, usable: impl Fn(u64) -> bool, load: impl Fn(u64) -> u32) -> u64 {
+        routed(RoutingPolicy::Prefix, r, prefix, usable, load, |_| false)
+    }
+
+    /// The node `policy` picks, with `leaving(n)` saying whether node `n` hands over.
+    fn routed(
+        policy: RoutingPolicy,
+        r: &Replica,
+        prefix: &Prefix,
+        usable: impl Fn(u64) -> bool,
+        load: impl Fn(u64) -> u32,
+        leaving: impl Fn(u64) -> bool,
+    ) -> u64 {
         // A different RNG every time: the prefix policy must not depend on it.
         static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut rng = ChaCha8Rng::seed_from_u64(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        route_with(RoutingPolicy::Prefix, r, "m", prefix, |id| usable(id.short()), |id| load(id.short()), &mut rng)
-            .expect("a usable host")
-            .short()
+        let host = |id: NodeId| HostState { in_flight: load(id.short()), handing_over: leaving(id.short()) };
+        route_with(policy, r, "m", prefix, |id| usable(id.short()), host, &mut rng).expect("a usable host").short()
+    }
+
+    #[test]
+    fn a_node_that_hands_over_takes_a_prefix_only_when_nothing_else_can() {
+        let r = replica_of(&[1, 2, 3]);
+        let prefix = chat(&[("user", "hello")]);
+        let first = prefix_route(&r, &prefix, |_| true, |_| 0);
+        let second = prefix_route(&r, &prefix, |n| n != first, |_| 0);
+        let handing_over = |n: u64| n == first;
+        assert_eq!(routed(RoutingPolicy::Prefix, &r, &prefix, |_| true, |_| 0, handing_over), second);
+        // However loaded the others are: its keys never wait for it.
+        let loaded = |n: u64| if n == first { 0 } else { 500 };
+        assert_ne!(routed(RoutingPolicy::Prefix, &r, &prefix, |_| true, loaded, handing_over), first);
+        // It is ranked last, not removed: with nothing else usable it still serves.
+        assert_eq!(routed(RoutingPolicy::Prefix, &r, &prefix, |n| n == first, |_| 0, handing_over), first);
+        // When every node hands over (one batch of jobs with one walltime), the usual rule holds.
+        assert_eq!(routed(RoutingPolicy::Prefix, &r, &prefix, |_| true, |_| 0, |_| true), first);
+        // Requests without a key, and the other policies, do not look at it: they keep no
+        // conversation together, and the node still has capacity until it drains.
+        let idle_first = |n: u64| if n == first { 0 } else { 3 };
+        for policy in [RoutingPolicy::Prefix, RoutingPolicy::LeastLoaded] {
+            let keyless = if policy == RoutingPolicy::Prefix { Prefix::default() } else { prefix.clone() };
+            assert_eq!(routed(policy, &r, &keyless, |_| true, idle_first, handing_over), first, "{policy}");
+        }
+        // A plain load is a host that does not hand over.
+        assert_eq!(HostState::from(7), HostState { in_flight: 7, handing_over: false });
     }
 
     /// The bound of the module docs with equal tiers: `⌈1.25 × (T + 1) / n⌉`, or
@@ -830,6 +900,54 @@ mod tests {
                     prop_assert_eq!(before, after, "a key whose node stayed moved");
                 }
                 prop_assert_ne!(after, gone);
+            }
+        }
+
+        #[test]
+        fn a_node_that_hands_over_is_as_good_as_gone_for_every_prefix(
+            ids in node_ids(),
+            leaving in any::<proptest::sample::Index>(),
+            keys in proptest::collection::vec(any::<u64>(), 20),
+            loads in proptest::collection::vec(0u32..60, 12),
+        ) {
+            let r = replica_of(&ids);
+            let leaving = ids[leaving.index(ids.len())];
+            let rest: Vec<u64> = ids.iter().copied().filter(|&n| n != leaving).collect();
+            let smaller = replica_of(&rest);
+            let load = |n: u64| loads[ids.iter().position(|&i| i == n).unwrap_or(0)];
+            for key in keys {
+                let prefix = Prefix::of_prompt(&key.to_le_bytes());
+                let handed = routed(RoutingPolicy::Prefix, &r, &prefix, |_| true, load, |n| n == leaving);
+                // Whatever the loads: never the leaving node while another is usable, and the
+                // node the key will stay on once it has left.
+                prop_assert_ne!(handed, leaving);
+                prop_assert_eq!(handed, prefix_route(&smaller, &prefix, |_| true, load));
+                // Every gateway with the same view and the same mark agrees.
+                let reversed: Vec<u64> = ids.iter().rev().copied().collect();
+                let other = routed(RoutingPolicy::Prefix, &replica_of(&reversed), &prefix, |_| true, load, |n| n == leaving);
+                prop_assert_eq!(handed, other);
+            }
+        }
+
+        #[test]
+        fn a_handover_moves_only_the_keys_of_the_leaving_node(
+            ids in node_ids(),
+            leaving in any::<proptest::sample::Index>(),
+            keys in proptest::collection::vec(any::<u64>(), 50),
+            level in 0u32..50,
+        ) {
+            let r = replica_of(&ids);
+            let leaving = ids[leaving.index(ids.len())];
+            for key in keys {
+                let prefix = Prefix::of_prompt(&key.to_le_bytes());
+                let before = prefix_route(&r, &prefix, |_| true, |_| level);
+                let during = routed(RoutingPolicy::Prefix, &r, &prefix, |_| true, |_| level, |n| n == leaving);
+                if before == leaving {
+                    let next = prefix_route(&r, &prefix, |n| n != leaving, |_| level);
+                    prop_assert_eq!(during, next, "a key of the leaving node goes to its next-ranked node");
+                } else {
+                    prop_assert_eq!(during, before, "a key of a staying node moved");
+                }
             }
         }
 

@@ -21,6 +21,7 @@
 //! | `rpm`, `tpm` | requests, tokens per minute | no limit |
 //! | `concurrent` | requests in flight at once | no limit |
 //! | `budget_tokens` | `N/day`, `N/week` or `N/month` (UTC calendar periods) | no budget |
+//! | `overflow` | `yes`: when the federation cannot take a request, it may go to an outside provider of the gateway's `[[overflow]]` sections ([`crate::overflow`]), charged to this key; `no` | `no` |
 //!
 //! The limits are enforced by [`crate::limits`]. Numbers are positive whole numbers. A value
 //! with spaces is written in double quotes (`owner="Ada Lovelace"`; `\"` and `\\` inside
@@ -68,7 +69,8 @@ use crate::limits::{Budget, KeyCounters, KeyGuard, KeyLimits, Now, Period, RateH
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The fields a key-file entry may set (see the module docs).
-pub const FIELDS: &[&str] = &["name", "owner", "account", "models", "rpm", "tpm", "concurrent", "budget_tokens"];
+pub const FIELDS: &[&str] =
+    &["name", "owner", "account", "models", "rpm", "tpm", "concurrent", "budget_tokens", "overflow"];
 
 /// The key file could not be used; the keys in force stay in force.
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +185,8 @@ pub struct KeyEntry {
     pub models: ModelScope,
     /// Its limits.
     pub limits: KeyLimits,
+    /// Whether its requests may go to an outside provider ([`crate::overflow`]).
+    pub overflow: bool,
     /// Its line in the file.
     pub line: usize,
     counters: Arc<KeyCounters>,
@@ -210,6 +214,7 @@ impl KeyEntry {
             account: None,
             models: ModelScope::All,
             limits: KeyLimits::default(),
+            overflow: false,
             line,
             counters: Arc::default(),
         };
@@ -254,6 +259,13 @@ impl KeyEntry {
                 "concurrent" => {
                     let n = positive(value).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(NUMBER))?;
                     entry.limits.concurrent = Some(n);
+                }
+                "overflow" => {
+                    entry.overflow = match value {
+                        "yes" | "true" => true,
+                        "no" | "false" => false,
+                        _ => return Err(bad("expected yes or no")),
+                    };
                 }
                 _ => {
                     let budget = value
@@ -475,6 +487,12 @@ impl Caller {
         self.key.as_deref()
     }
 
+    /// Whether the caller's requests may go to an outside provider: its key says
+    /// `overflow=yes` (a gateway without keys never overflows).
+    pub fn may_overflow(&self) -> bool {
+        self.key.as_ref().is_some_and(|k| k.overflow)
+    }
+
     /// The models the caller may use.
     pub fn models(&self) -> &ModelScope {
         self.key.as_ref().map_or(&EVERY_MODEL, |k| &k.models)
@@ -639,6 +657,12 @@ pub struct HashKeyArgs {
     /// Tokens per UTC calendar day, week (from Monday) or month [default: no budget].
     #[arg(long, value_name = "N/day|week|month")]
     pub budget_tokens: Option<String>,
+
+    /// When the federation cannot take a request (no node serves the model, or every one is
+    /// saturated), it may go to an outside provider of the gateway's [[overflow]] sections,
+    /// charged to this key [default: never].
+    #[arg(long)]
+    pub overflow: bool,
 }
 
 impl HashKeyArgs {
@@ -654,7 +678,12 @@ impl HashKeyArgs {
             ("concurrent", &self.concurrent),
             ("budget_tokens", &self.budget_tokens),
         ];
-        options.into_iter().filter_map(|(field, value)| Some((field, value.clone()?))).collect()
+        let mut fields: Vec<(&'static str, String)> =
+            options.into_iter().filter_map(|(field, value)| Some((field, value.clone()?))).collect();
+        if self.overflow {
+            fields.push(("overflow", "yes".to_string()));
+        }
+        fields
     }
 
     /// The line for `key`, checked to parse as the gateway will parse it.
@@ -771,6 +800,7 @@ mod tests {
             ("rpm=1 tpm 5", "'tpm' after the fields"),
             ("alice name=bob", "both a label ('alice') and name="),
             ("owner=\"Ada", "a double quote is not closed"),
+            ("overflow=maybe", "overflow=maybe: expected yes or no"),
         ];
         for (fields, expected) in cases {
             let text = format!("# keys\n{}\n{} {fields}\n", key_line("good"), key_line("bad"));
@@ -845,6 +875,10 @@ mod tests {
         let (_, entry) = KeyEntry::parse(&line, 1).expect("it parses");
         assert_eq!((entry.name.as_str(), entry.owner.as_deref()), ("lab a", Some("#1 \"fan\"")));
         assert_eq!(entry.limits.budget, Some(Budget { tokens: 1000, period: Period::Week }));
+        assert!(!entry.overflow, "no overflow unless asked");
+        let overflowing = HashKeyArgs { overflow: true, ..HashKeyArgs::default() }.line("secret").expect("valid");
+        assert!(overflowing.ends_with(" overflow=yes"), "{overflowing}");
+        assert!(KeyEntry::parse(&overflowing, 1).expect("it parses").1.overflow);
         let bad = HashKeyArgs { budget_tokens: Some("1000".into()), ..HashKeyArgs::default() };
         let err = bad.line("secret").expect_err("no period").to_string();
         assert!(err.starts_with("--budget-tokens '1000': expected"), "{err}");

@@ -31,8 +31,9 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http_body::{Body, Frame, SizeHint};
-use tela_transports::RecvStream;
+use tokio::io::AsyncRead;
 
 use crate::api_error::sse_error_event;
 
@@ -74,7 +75,7 @@ pub type OnEnd = Box<dyn FnOnce(Ending) + Send + Sync>;
 pub enum GatewayBody {
     /// A complete body (errors, `/v1/models`, `/status`, ...).
     Full(Option<Bytes>),
-    /// A response streamed from a node.
+    /// A response streamed from a node (or an overflow provider, [`crate::overflow`]).
     Tunnel(Box<TunnelBody>),
 }
 
@@ -90,9 +91,13 @@ impl GatewayBody {
     }
 }
 
+/// Where a [`TunnelBody`] reads from: a node's tunnel stream, or an overflow provider's HTTP
+/// body.
+pub type Source = Box<dyn AsyncRead + Send + Sync + Unpin>;
+
 /// A body read from a tunnel stream; see the module docs.
 pub struct TunnelBody {
-    recv: RecvStream,
+    recv: Source,
     buf: BytesMut,
     /// Server-sent events: a break becomes an error event.
     sse: bool,
@@ -122,9 +127,15 @@ impl TunnelBody {
     /// Streams `recv` (positioned after the response head) to the client. `sse` says whether
     /// the response is `text/event-stream`; `node` names the node in error events; `held`
     /// is released when the body ends or is dropped; `on_end` learns how it ended.
-    pub fn new(recv: RecvStream, sse: bool, node: String, held: Vec<Held>, on_end: OnEnd) -> TunnelBody {
+    pub fn new(
+        recv: impl AsyncRead + Send + Sync + Unpin + 'static,
+        sse: bool,
+        node: String,
+        held: Vec<Held>,
+        on_end: OnEnd,
+    ) -> TunnelBody {
         TunnelBody {
-            recv,
+            recv: Box::new(recv),
             buf: BytesMut::new(),
             sse,
             tail: b"\n\n".to_vec(),
@@ -338,6 +349,44 @@ pub enum UsageTap {
         /// Remove what the client did not ask for.
         strip: bool,
     },
+}
+
+/// What a response head says about its body: enough to pick its [`UsageTap`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BodyShape {
+    /// `text/event-stream`.
+    pub sse: bool,
+    /// `application/json`.
+    pub json: bool,
+    /// Compressed (a `content-encoding` other than `identity`).
+    pub encoded: bool,
+    /// Its `content-length`.
+    pub length: Option<u64>,
+}
+
+impl BodyShape {
+    /// Notes one header of the head (`name` lower-case).
+    pub fn note(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == CONTENT_TYPE {
+            self.sse |= value.as_bytes().starts_with(b"text/event-stream");
+            self.json |= value.as_bytes().starts_with(b"application/json");
+        }
+        self.encoded |= name == CONTENT_ENCODING && !value.as_bytes().eq_ignore_ascii_case(b"identity");
+        if name == CONTENT_LENGTH {
+            self.length = value.to_str().ok().and_then(|v| v.trim().parse().ok());
+        }
+    }
+
+    /// How the body is read for usage: only a successful answer has it, and a compressed one
+    /// cannot be read on the way. `strip` as in [`UsageTap::Events`].
+    pub fn tap(&self, success: bool, strip: bool) -> UsageTap {
+        match (success && !self.encoded, self.sse, self.json) {
+            (false, _, _) => UsageTap::Off,
+            (true, true, _) => UsageTap::Events { strip },
+            (true, false, true) => UsageTap::Json,
+            (true, false, false) => UsageTap::Off,
+        }
+    }
 }
 
 /// How many trailing bytes of a JSON answer are kept to find its `usage`.

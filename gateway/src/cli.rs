@@ -40,8 +40,9 @@ enum GatewaySubcommand {
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
     /// Read settings from this TOML file (see gateway/examples/gateway.toml): the flags below
-    /// by their names with `_` (a flag or variable given explicitly wins), and `[spin]`, the
-    /// batch jobs the gateway may start to serve models on demand.
+    /// by their names with `_` (a flag or variable given explicitly wins), `[spin]`, the
+    /// batch jobs the gateway may start to serve models on demand, and `[[overflow]]`, outside
+    /// providers for keys with overflow=yes.
     #[arg(long, env = "TELA_GATEWAY_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
 
@@ -390,6 +391,9 @@ impl GatewayArgs {
             }
             _ => None,
         };
+        if let Some(l) = &loaded {
+            config.overflow = l.overflow.clone();
+        }
         if let Some(plan) = loaded.and_then(|l| l.spin) {
             let batch =
                 crate::spin::backend::connect(&plan.backend).map_err(|e| anyhow::anyhow!("[spin.backend]: {e}"))?;
@@ -406,6 +410,9 @@ impl GatewayArgs {
         match &loaded.spin {
             Some(plan) => write!(stdout, "\n{}", plan.describe())?,
             None => writeln!(stdout, "no [spin] section: this gateway does not start jobs")?,
+        }
+        for provider in &loaded.overflow {
+            writeln!(stdout, "{}", provider.describe())?;
         }
         Ok(())
     }

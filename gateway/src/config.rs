@@ -3,7 +3,9 @@
 //! The top-level keys are the flags of `tela gateway` with `_` for `-` (`listen`,
 //! `anchor_listen`, `api_keys`, `header_timeout = "10s"`, ...); a flag or its environment
 //! variable given explicitly wins over the file. The `[spin]` section ([`crate::spin::config`])
-//! has no flags: it describes the batch jobs the gateway may start. Unknown keys are refused, so
+//! has no flags: it describes the batch jobs the gateway may start; nor do the `[[overflow]]`
+//! sections ([`crate::overflow`]), the outside providers keys allowed to overflow may be sent
+//! to (their API keys are read when the file is, from the environment or a file). Unknown keys are refused, so
 //! a typo never passes silently. `gateway/examples/gateway.toml` shows every key.
 
 use std::net::SocketAddr;
@@ -85,6 +87,8 @@ pub struct FileConfig {
     pub batch_file_days: Option<u32>,
     /// Model spinning.
     pub spin: Option<SpinSection>,
+    /// Outside providers.
+    pub overflow: Option<Vec<crate::overflow::OverflowSection>>,
 }
 
 /// A configuration file, read and checked.
@@ -96,6 +100,8 @@ pub struct LoadedConfig {
     pub file: FileConfig,
     /// `[spin]`, checked, if present.
     pub spin: Option<SpinPlan>,
+    /// `[[overflow]]`, checked, with the providers' keys read.
+    pub overflow: Vec<crate::overflow::Provider>,
 }
 
 impl LoadedConfig {
@@ -139,7 +145,8 @@ impl LoadedConfig {
             });
         }
         let spin = file.spin.as_ref().map(SpinPlan::resolve).transpose()?;
-        Ok(LoadedConfig { path: PathBuf::from(origin), file, spin })
+        let overflow = crate::overflow::Provider::resolve_all(file.overflow.as_deref().unwrap_or_default())?;
+        Ok(LoadedConfig { path: PathBuf::from(origin), file, spin, overflow })
     }
 }
 
@@ -153,5 +160,15 @@ mod tests {
         assert_eq!(loaded.file.routing.as_deref(), Some("least-loaded"));
         let refused = LoadedConfig::parse("routing = \"random\"\n", "test.toml").expect_err("refused");
         assert!(refused.to_string().contains("prefix, least-loaded or p2c"), "{refused}");
+    }
+
+    #[test]
+    fn overflow_sections_are_read_and_checked() {
+        let text = "[[overflow]]\nname = \"other\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n";
+        let loaded = LoadedConfig::parse(text, "test.toml").expect("valid");
+        assert_eq!(loaded.overflow.len(), 1);
+        assert_eq!(loaded.overflow[0].name, "other");
+        let typo = LoadedConfig::parse(&format!("{text}modles = [\"m\"]\n"), "test.toml").expect_err("refused");
+        assert!(typo.to_string().contains("modles"), "{typo}");
     }
 }

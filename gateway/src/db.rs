@@ -64,6 +64,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // See `crate::batch::store` for what each table and column holds.
         sql: crate::batch::store::MIGRATION,
     },
+    Migration {
+        version: 3,
+        name: "overflow provider",
+        // The outside provider that answered a request, `crate::overflow`; NULL for the federation.
+        sql: "ALTER TABLE requests ADD COLUMN provider TEXT;",
+    },
 ];
 
 /// The database could not be opened or brought to the current schema.

@@ -129,6 +129,20 @@ impl FairShare {
         nodes: usize,
         cost: impl FnOnce() -> u64,
     ) -> Result<Option<Slot>, ApiError> {
+        self.enter_within(model, flow, nodes, cost, self.settings.max_wait).await
+    }
+
+    /// [`FairShare::enter`], waiting at most `max_wait` (and never longer than the settings'
+    /// `max_wait`): a request that may go elsewhere ([`crate::overflow`]) waits less.
+    pub async fn enter_within(
+        self: &Arc<Self>,
+        model: &str,
+        flow: &str,
+        nodes: usize,
+        cost: impl FnOnce() -> u64,
+        max_wait: Duration,
+    ) -> Result<Option<Slot>, ApiError> {
+        let max_wait = max_wait.min(self.settings.max_wait);
         if self.settings.slots_per_node == 0 || nodes == 0 {
             return Ok(None);
         }
@@ -168,7 +182,7 @@ impl FairShare {
             granted: Some(rx),
         };
         let rx = waiting.granted.as_mut().expect("just set");
-        match tokio::time::timeout(self.settings.max_wait, rx).await {
+        match tokio::time::timeout(max_wait, rx).await {
             Ok(Ok(())) => {
                 waiting.granted = None;
                 Ok(Some(slot()))
@@ -180,7 +194,7 @@ impl FairShare {
                 format!(
                     "Model '{model}' stayed saturated for {}; the request waited its turn (fairly shared between keys) \
                      and did not get one. Please try again.",
-                    humantime::format_duration(self.settings.max_wait)
+                    humantime::format_duration(max_wait)
                 ),
                 Some(1),
             )),

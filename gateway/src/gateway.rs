@@ -91,6 +91,8 @@ pub struct GatewayConfig {
     pub fairness: crate::fairness::FairSettings,
     /// Batch inference, if the gateway runs batches ([`crate::batch`]).
     pub batch: Option<crate::batch::BatchConfig>,
+    /// Outside providers that keys allowed to overflow may be sent to ([`crate::overflow`]).
+    pub overflow: Vec<crate::overflow::Provider>,
 }
 
 impl GatewayConfig {
@@ -117,6 +119,7 @@ impl GatewayConfig {
             spin: None,
             ledger: None,
             batch: None,
+            overflow: Vec::new(),
             budget_exchange: crate::budgets::DEFAULT_EXCHANGE,
             fairness: crate::fairness::FairSettings::default(),
         }
@@ -146,6 +149,9 @@ pub enum GatewayError {
     /// The spin plan was refused.
     #[error("spinning cannot start: {0}")]
     Spin(String),
+    /// An overflow provider cannot be used.
+    #[error("overflow cannot start: {0}")]
+    Overflow(String),
 }
 
 /// A running gateway. Dropping it stops everything at once; [`Gateway::shutdown`] lets open
@@ -211,6 +217,10 @@ impl Gateway {
             config.proxy,
         );
         shared.routing = config.routing;
+        shared.overflow = crate::overflow::Overflow::start(config.overflow).map_err(GatewayError::Overflow)?;
+        if shared.overflow.is_some() && matches!(config.auth, AuthConfig::Open) {
+            tracing::warn!("[[overflow]] is set but the gateway has no API keys: nothing overflows (only keys with overflow=yes do)");
+        }
         shared.fair = crate::fairness::FairShare::new(config.fairness);
         // Stamp each engine load report with this gateway's own count on its node: routing
         // counts its own requests itself and takes only the others' from the report.

@@ -14,6 +14,7 @@
 //! | `status`, `outcome` | the HTTP status sent, and `complete`, `broken` (cut after the first byte), `abandoned` (the client left) or `refused` (the gateway answered) |
 //! | `prompt_tokens`, `completion_tokens` | the engine's `usage`; NULL when it reported none |
 //! | `latency_ms`, `ttft_ms` | from the request's arrival to its last byte, and to the response's first byte |
+//! | `provider` | the outside provider that answered or failed ([`crate::overflow`], its `[[overflow]]` name; `node` is then `overflow:<name>`); NULL when the federation answered |
 //! | `batch_id` | the batch the request belonged to ([`crate::batch`], which writes its rows itself, with each result); NULL for interactive requests |
 //!
 //! For example, tokens per account today:
@@ -114,6 +115,8 @@ pub struct Row {
     pub latency_ms: u64,
     /// Arrival to first byte.
     pub ttft_ms: Option<u64>,
+    /// The overflow provider that answered or failed.
+    pub provider: Option<String>,
 }
 
 /// The ledger's own counters (registered in [`Metrics`]).
@@ -345,32 +348,38 @@ impl Writer {
 /// Inserts `rows` in one transaction.
 pub fn insert(conn: &mut Connection, rows: &[Row]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
-    {
-        let mut statement = tx.prepare_cached(
-            "INSERT INTO requests (time_ms, key_name, key_hash, account, model, node, endpoint, stream, status,
-                 outcome, prompt_tokens, completion_tokens, latency_ms, ttft_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        )?;
-        for r in rows {
-            statement.execute(rusqlite::params![
-                r.time_ms,
-                r.key_name,
-                r.key_hash,
-                r.account,
-                r.model,
-                r.node,
-                r.endpoint,
-                r.stream,
-                r.status,
-                r.outcome,
-                r.prompt_tokens.map(saturating_i64),
-                r.completion_tokens.map(saturating_i64),
-                saturating_i64(r.latency_ms),
-                r.ttft_ms.map(saturating_i64),
-            ])?;
-        }
+    for r in rows {
+        insert_row(&tx, r, None)?;
     }
     tx.commit()
+}
+
+/// Inserts one row, of batch `batch_id` if given (in the caller's transaction, if any).
+pub fn insert_row(conn: &Connection, r: &Row, batch_id: Option<&str>) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare_cached(
+        "INSERT INTO requests (time_ms, key_name, key_hash, account, model, node, endpoint, stream, status,
+             outcome, prompt_tokens, completion_tokens, latency_ms, ttft_ms, provider, batch_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?;
+    statement.execute(rusqlite::params![
+        r.time_ms,
+        r.key_name,
+        r.key_hash,
+        r.account,
+        r.model,
+        r.node,
+        r.endpoint,
+        r.stream,
+        r.status,
+        r.outcome,
+        r.prompt_tokens.map(saturating_i64),
+        r.completion_tokens.map(saturating_i64),
+        saturating_i64(r.latency_ms),
+        r.ttft_ms.map(saturating_i64),
+        r.provider,
+        batch_id,
+    ])?;
+    Ok(())
 }
 
 fn saturating_i64(n: u64) -> i64 {
@@ -484,22 +493,31 @@ impl Charge {
     /// The gateway answered `status` itself (a refusal, no node, an error before any node
     /// answered): no tokens.
     pub fn refused(&self, status: u16) {
-        self.settle(None, status, "refused", None, None);
+        self.settle(None, None, status, "refused", None, None);
     }
 
     /// `node`'s response, sent with `status`, ended as `ending` says.
     pub fn ended(&self, node: &str, status: u16, ending: &Ending) {
-        let outcome = match ending.how {
-            BodyEnd::Complete => "complete",
-            BodyEnd::Broken => "broken",
-            BodyEnd::Abandoned => "abandoned",
-        };
-        self.settle(Some(node), status, outcome, ending.usage, ending.first_byte);
+        self.settle(Some(node), None, status, outcome(ending), ending.usage, ending.first_byte);
+    }
+
+    /// The overflow `provider`'s response ([`crate::overflow`]), sent with `status`, ended as
+    /// `ending` says: charged as a node's, its row marked with the provider.
+    pub fn overflowed(&self, provider: &str, status: u16, ending: &Ending) {
+        let node = format!("overflow:{provider}");
+        self.settle(Some(&node), Some(provider), status, outcome(ending), ending.usage, ending.first_byte);
+    }
+
+    /// The overflow `provider` could not be reached or did not answer: the gateway answered
+    /// `status` itself, no tokens.
+    pub fn provider_failed(&self, provider: &str, status: u16) {
+        self.settle(None, Some(provider), status, "refused", None, None);
     }
 
     fn settle(
         &self,
         node: Option<&str>,
+        provider: Option<&str>,
         status: u16,
         outcome: &'static str,
         usage: Option<crate::body::EngineUsage>,
@@ -544,8 +562,40 @@ impl Charge {
             completion_tokens: usage.map(|u| u.completion_tokens),
             latency_ms: millis(s.started.elapsed()),
             ttft_ms: first_byte.map(|t| millis(t.saturating_duration_since(s.started))),
+            provider: provider.map(str::to_string),
         });
     }
+}
+
+fn outcome(ending: &Ending) -> &'static str {
+    match ending.how {
+        BodyEnd::Complete => "complete",
+        BodyEnd::Broken => "broken",
+        BodyEnd::Abandoned => "abandoned",
+    }
+}
+
+/// What a streamed response tells when it ends ([`crate::body::OnEnd`]): its duration (per
+/// `model` and `stream`, from `started`) and whether it broke go to `metrics`, and `report`
+/// tells its [`Charge`], if any, how it ended.
+pub fn on_end(
+    metrics: Arc<Metrics>,
+    model: &str,
+    stream: bool,
+    started: Instant,
+    charge: Option<Charge>,
+    report: impl Fn(&Charge, &Ending) + Send + Sync + 'static,
+) -> crate::body::OnEnd {
+    let labels = crate::metrics::DurationLabels { model: model.to_string(), stream };
+    Box::new(move |end: Ending| {
+        metrics.duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        if end.how == BodyEnd::Broken {
+            metrics.broken.inc();
+        }
+        if let Some(charge) = &charge {
+            report(charge, &end);
+        }
+    })
 }
 
 /// The default database file: `gateway.db` beside the gateway's identity key.
@@ -573,6 +623,7 @@ mod tests {
             completion_tokens: Some(2),
             latency_ms: 10,
             ttft_ms: None,
+            provider: None,
         }
     }
 

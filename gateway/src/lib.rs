@@ -15,7 +15,9 @@
 //!   API, run on spare capacity and kept in that database), [`server`]
 //!   (TCP/TLS, HTTP/1.1 and HTTP/2), [`metrics`], [`status`] and [`dashboard`]. With a
 //!   `[spin]` section in its configuration file ([`config`]) it also starts serving nodes in
-//!   batch jobs on demand and holds requests for them ([`spin`]).
+//!   batch jobs on demand and holds requests for them ([`spin`]); with `[[overflow]]`
+//!   sections, keys allowed to overflow are served by outside OpenAI-compatible providers when
+//!   the federation cannot take their requests ([`overflow`], over [`client_tls`] for HTTPS).
 //! - [`demo`] — `tela demo`, a gateway, three nodes and three engine simulators on loopback.
 //! - [`cli`] — the flags of `tela gateway` and `tela status --gateway`.
 //! - [`usage`] — `tela usage`, requests and tokens per key, account, model or day from one or
@@ -51,6 +53,7 @@ pub mod batch;
 pub mod body;
 pub mod budgets;
 pub mod cli;
+pub mod client_tls;
 pub mod config;
 pub mod dashboard;
 pub mod db;
@@ -63,6 +66,7 @@ pub mod ledger;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod overflow;
 pub mod proxy;
 pub mod routing;
 pub mod server;

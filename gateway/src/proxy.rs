@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{Response, StatusCode};
 use tela_core::{NodeId, Prefix, RouteError};
 use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
@@ -31,7 +31,7 @@ use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api_error::ApiError;
-use crate::body::{BodyEnd, Ending, GatewayBody, Held, TunnelBody, UsageTap};
+use crate::body::{BodyShape, Ending, GatewayBody, Held, TunnelBody};
 use crate::ledger::Charge;
 use crate::routing::{Choice, Target};
 use crate::service::Shared;
@@ -123,8 +123,32 @@ struct Failure {
     detail: String,
 }
 
+/// A request no node could take, given back with the answer the gateway would give: routing
+/// found no node serving its model (404) or none that could take it (503), or every node tried
+/// failed before its first byte (503).
+pub struct Unrouted {
+    /// The request, untouched: nothing of it reached a client.
+    pub request: ApiRequest,
+    /// The answer.
+    pub error: ApiError,
+    /// No node serves the model at all (counted under the model `unknown`).
+    pub unknown_model: bool,
+}
+
 /// Forwards `request`; see the module docs.
-pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<GatewayBody> {
+pub async fn forward(shared: &Shared, request: ApiRequest) -> Response<GatewayBody> {
+    match try_forward(shared, request).await {
+        Ok(response) => response,
+        Err(unrouted) => {
+            let model = if unrouted.unknown_model { "unknown" } else { unrouted.request.model.as_str() };
+            shared.answer_error(unrouted.error, model)
+        }
+    }
+}
+
+/// Forwards `request`, or gives it back when no node could take it (for the caller to send
+/// elsewhere, [`crate::overflow`]).
+pub async fn try_forward(shared: &Shared, mut request: ApiRequest) -> Result<Response<GatewayBody>, Box<Unrouted>> {
     let mut tried: Vec<NodeId> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let view = shared.anchor_view();
@@ -144,7 +168,8 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
         let choice = match choice {
             Ok(c) => c,
             Err(RouteError::UnknownModel { known, .. }) if tried.is_empty() => {
-                return shared.answer_error(ApiError::unknown_model(&request.model, &known), "unknown");
+                let error = ApiError::unknown_model(&request.model, &known);
+                return Err(Box::new(Unrouted { request, error, unknown_model: true }));
             }
             Err(RouteError::UnknownModel { .. }) | Err(RouteError::NoCapacity { .. }) => {
                 let message = if tried.is_empty() {
@@ -160,7 +185,8 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
                         failures.join("; ")
                     )
                 };
-                return shared.answer_error(ApiError::no_capacity(message), &request.model);
+                let error = ApiError::no_capacity(message);
+                return Err(Box::new(Unrouted { request, error, unknown_model: false }));
             }
         };
         tried.push(choice.node);
@@ -180,7 +206,7 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
                 shared.metrics.added.observe(added.as_secs_f64());
                 let mut held = std::mem::take(&mut request.held);
                 held.push(Box::new(guard));
-                return respond(shared, &request, choice.node, head, recv, added, held);
+                return Ok(respond(shared, &request, choice.node, head, recv, added, held));
             }
             Err(failure) => {
                 tracing::warn!(node = %choice.node, "request to node {} failed before its response began: {}; retrying on another node", choice.node, failure.detail);
@@ -199,7 +225,7 @@ pub async fn forward(shared: &Shared, mut request: ApiRequest) -> Response<Gatew
         tried.len(),
         failures.join("; ")
     );
-    shared.answer_error(ApiError::no_capacity(message), &request.model)
+    Err(Box::new(Unrouted { request, error: ApiError::no_capacity(message), unknown_model: false }))
 }
 
 struct Attempt {
@@ -310,10 +336,7 @@ fn respond(
 ) -> Response<GatewayBody> {
     let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut builder = Response::builder().status(status);
-    let mut sse = false;
-    let mut json = false;
-    let mut encoded = false;
-    let mut length: Option<u64> = None;
+    let mut shape = BodyShape::default();
     let mut named = false;
     for (name, value) in head.headers {
         let lower = name.to_ascii_lowercase();
@@ -323,18 +346,11 @@ fn respond(
         let (Ok(name), Ok(value)) = (HeaderName::from_bytes(lower.as_bytes()), HeaderValue::from_bytes(&value)) else {
             continue;
         };
-        if name == CONTENT_TYPE && value.as_bytes().starts_with(b"text/event-stream") {
-            sse = true;
+        if name == CONTENT_LENGTH && request.strip_usage {
+            // The body may lose its usage event: its length is not the node's.
+            continue;
         }
-        json |= name == CONTENT_TYPE && value.as_bytes().starts_with(b"application/json");
-        encoded |= name == CONTENT_ENCODING && !value.as_bytes().eq_ignore_ascii_case(b"identity");
-        if name == CONTENT_LENGTH {
-            if request.strip_usage {
-                // The body may lose its usage event: its length is not the node's.
-                continue;
-            }
-            length = value.to_str().ok().and_then(|v| v.trim().parse().ok());
-        }
+        shape.note(&name, &value);
         named |= name.as_str() == NODE_HEADER;
         builder = builder.header(name, value);
     }
@@ -343,30 +359,19 @@ fn respond(
     }
     builder = builder.header(GATEWAY_MS_HEADER, format!("{:.3}", added.as_secs_f64() * 1000.0));
     shared.metrics.count(&request.model, status.as_u16());
-    let metrics = shared.metrics.clone();
-    let labels = crate::metrics::DurationLabels { model: request.model.clone(), stream: request.stream };
-    let started = request.ready_at;
-    let charge = request.charge.clone();
     let (node_name, sent) = (node.to_string(), status.as_u16());
-    let on_end = Box::new(move |end: Ending| {
-        metrics.duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-        if end.how == BodyEnd::Broken {
-            metrics.broken.inc();
-        }
-        if let Some(charge) = &charge {
-            charge.ended(&node_name, sent, &end);
-        }
-    });
-    // Only a successful answer has usage; a compressed one cannot be read on the way.
-    let tap = match (status.is_success() && !encoded, sse, json) {
-        (false, _, _) => UsageTap::Off,
-        (true, true, _) => UsageTap::Events { strip: request.strip_usage },
-        (true, false, true) => UsageTap::Json,
-        (true, false, false) => UsageTap::Off,
-    };
-    let body = TunnelBody::new(recv, sse && status.is_success(), node.to_string(), held, on_end)
+    let on_end = crate::ledger::on_end(
+        shared.metrics.clone(),
+        &request.model,
+        request.stream,
+        request.ready_at,
+        request.charge.clone(),
+        move |charge: &Charge, end: &Ending| charge.ended(&node_name, sent, end),
+    );
+    let tap = shape.tap(status.is_success(), request.strip_usage);
+    let body = TunnelBody::new(recv, shape.sse && status.is_success(), node.to_string(), held, on_end)
         .with_usage(tap)
-        .with_length(length);
+        .with_length(shape.length);
     builder.body(GatewayBody::Tunnel(Box::new(body))).unwrap_or_else(|e| {
         ApiError::internal(format!("the node's response head could not be forwarded: {e}")).into_response()
     })

@@ -50,6 +50,17 @@
 //! gateway reads the same reports, gateways also agree on loads far more often than on their
 //! own counts alone, which keeps prefix affinity identical across them under load.
 //!
+//! # Nodes that hand over
+//!
+//! A node whose walltime is near says, in its load reports, how long until it starts draining
+//! (`tela node --handover-window`, [`tela_runtime::load_report::LoadReport::leaving_in_ms`]).
+//! Such a node is passed to the core as [handing over](tela_core::HostState::handing_over):
+//! still SERVE and still finishing what it serves, but ranked last for prefix-keyed requests,
+//! so a conversation's next turn goes to the node it will stay on after this one has left.
+//! The node decides when it hands over and tells every gateway at once, so gateways agree. The
+//! claim does not go stale with the load: it holds, whatever the report's age, until
+//! [`REPORT_MAX_AGE`] past the moment the node named ([`handing_over`]).
+//!
 //! Reading the prefix never refuses a request: a `messages` or `prompt` of an unexpected shape
 //! simply has no content to key on (the engine judges it, as before), and only the bounded head
 //! the core hashes is kept — the rest of a huge body is skipped as it is parsed.
@@ -63,7 +74,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tela_core::routing::MESSAGE_BYTES;
-use tela_core::{NodeId, Prefix, PrefixHasher, RouteError, RoutingPolicy};
+use tela_core::{HostState, NodeId, Prefix, PrefixHasher, RouteError, RoutingPolicy};
 use tela_runtime::load_report::FreshLoad;
 use tela_runtime::status::RegistrySnapshot;
 use tela_runtime::RuntimeView;
@@ -93,6 +104,12 @@ pub fn combined_load(own: u32, report: Option<FreshLoad>) -> u32 {
 /// the node's report, if younger than [`REPORT_MAX_AGE`].
 pub fn node_load(view: &RuntimeView, load: &NodeLoad, node: &NodeId, now: Instant) -> u32 {
     combined_load(load.get(node), view.load_reports().fresh(node, now, REPORT_MAX_AGE))
+}
+
+/// Whether `node` hands over at `now`: its latest report, however old, says it leaves soon
+/// (see the module docs).
+pub fn handing_over(view: &RuntimeView, node: &NodeId, now: Instant) -> bool {
+    view.load_reports().leaving_in(node, now, REPORT_MAX_AGE).is_some()
 }
 
 /// In-flight requests per node, as this gateway counts them.
@@ -233,7 +250,7 @@ pub fn choose(
         target.model,
         target.prefix,
         &mut usable,
-        |id| node_load(view, load, &id, now),
+        |id| HostState { in_flight: node_load(view, load, &id, now), handing_over: handing_over(view, &id, now) },
         &mut rand::rng(),
     )?;
     let connection = match connections.remove(&node) {
@@ -620,6 +637,7 @@ mod tests {
             epoch: 1,
             seq: 1,
             models: vec![ModelLoad { model: "m".into(), running: 8, waiting: 4, kv_permille: Some(500) }],
+            leaving_in_ms: None,
         };
         reports.count_local_with(|_| 1);
         reports.receive(node, &encode(&busy), at).expect("a valid report");

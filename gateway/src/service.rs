@@ -26,6 +26,12 @@
 //! ([`crate::spin::cold_start`]): 503 with `Retry-After` when no replica came in time, 429 when
 //! the queue is full.
 //!
+//! For a key allowed to overflow (`overflow=yes`) and a model an `[[overflow]]` provider takes,
+//! a request the federation cannot take — no node serves the model, none can take it, or the
+//! model is saturated past the provider's `after_wait` — goes to that provider instead of the
+//! 404, 503 or 429 ([`crate::overflow`]); such a key also sees the provider's models in
+//! `/v1/models`.
+//!
 //! Every inference request that named a model is accounted once it ends ([`crate::ledger`]):
 //! per-key and per-model counters, the key's limits corrected to the engine's token counts,
 //! and a row in the usage ledger when the gateway keeps one. A streamed request whose client
@@ -100,6 +106,8 @@ pub struct Shared {
     pub(crate) fair: Arc<crate::fairness::FairShare>,
     /// Batch inference's database and runner wake-up, when the gateway runs batches.
     pub(crate) batch: Option<Arc<crate::batch::BatchShared>>,
+    /// Outside providers, when the gateway has `[[overflow]]` sections.
+    pub(crate) overflow: Option<Arc<crate::overflow::Overflow>>,
 }
 
 impl Shared {
@@ -128,7 +136,17 @@ impl Shared {
             ledger: None,
             fair: crate::fairness::FairShare::new(crate::fairness::FairSettings::default()),
             batch: None,
+            overflow: None,
         }
+    }
+
+    /// The provider `caller`'s request for `model` would overflow to, if the caller may
+    /// overflow and a provider takes the model.
+    pub(crate) fn outlet_for(&self, caller: &Caller, model: &str) -> Option<Arc<crate::overflow::Outlet>> {
+        if !caller.may_overflow() || !caller.models().allows(model) {
+            return None;
+        }
+        self.overflow.as_ref()?.outlet_for(model).cloned()
     }
 
     pub(crate) fn anchor_view(&self) -> RuntimeView {
@@ -348,11 +366,18 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
     let settlement = key_guard.as_ref().map(|g| g.settlement());
     let charge = charge(settlement.clone());
     held.extend(key_guard.map(|g| Box::new(g) as Held));
+    let outlet = shared.outlet_for(caller, &model);
+    // Why the request goes to the outside provider before any node is tried, if it does.
+    let mut overflow_now: Option<String> = None;
     if let Some(spin) = shared.spin.as_ref().filter(|s| s.is_spinnable(&model)) {
         if let Err(e) = crate::spin::cold_start::admit(shared, spin, &model).await {
-            let response = shared.answer_error(e, &model);
-            charge.refused(response.status().as_u16());
-            return response;
+            if outlet.is_some() {
+                overflow_now = Some(format!("the cold start gave up: {}", e.message));
+            } else {
+                let response = shared.answer_error(e, &model);
+                charge.refused(response.status().as_u16());
+                return response;
+            }
         }
         if let Some(guard) = spin.demand.enter(&model) {
             held.push(Box::new(guard));
@@ -361,15 +386,24 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
     let estimated = estimated(&body);
     let flow = caller.entry().map_or_else(|| "-".to_string(), |e| e.name.clone());
     let nodes = crate::fairness::nodes_serving(&shared.view, &model);
-    match shared.fair.enter(&model, &flow, nodes, || crate::limits::estimate_tokens(path, &estimated)).await {
-        Ok(Some(slot)) => held.push(Box::new(slot)),
-        Ok(None) => {}
-        Err(e) => {
-            let labels = crate::metrics::KeyLimitLabels { key: flow, limit: "fair_queue".to_string() };
-            shared.metrics.key_refusals.get_or_create(&labels).inc();
-            let response = shared.answer_error(e, &model);
-            charge.refused(response.status().as_u16());
-            return response;
+    if overflow_now.is_none() {
+        let cost = || crate::limits::estimate_tokens(path, &estimated);
+        let entered = match &outlet {
+            // Saturated past the provider's bound: it overflows (see crate::overflow).
+            Some(o) => shared.fair.enter_within(&model, &flow, nodes, cost, o.provider.after_wait).await,
+            None => shared.fair.enter(&model, &flow, nodes, cost).await,
+        };
+        match entered {
+            Ok(Some(slot)) => held.push(Box::new(slot)),
+            Ok(None) => {}
+            Err(e) if outlet.is_some() => overflow_now = Some(format!("the model is saturated: {}", e.message)),
+            Err(e) => {
+                let labels = crate::metrics::KeyLimitLabels { key: flow, limit: "fair_queue".to_string() };
+                shared.metrics.key_refusals.get_or_create(&labels).inc();
+                let response = shared.answer_error(e, &model);
+                charge.refused(response.status().as_u16());
+                return response;
+            }
         }
     }
     let model_name = model.clone();
@@ -383,7 +417,14 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
     let request =
         ApiRequest { head, body, model, prefix, stream, ready_at, held, charge: Some(charge.clone()), strip_usage };
     let routed_at = Instant::now();
-    let response = crate::proxy::forward(shared, request).await;
+    let response = match (outlet, overflow_now) {
+        (None, _) => crate::proxy::forward(shared, request).await,
+        (Some(outlet), Some(why)) => overflow(shared, &outlet, &flow, request, &why).await,
+        (Some(outlet), None) => match crate::proxy::try_forward(shared, request).await {
+            Ok(response) => response,
+            Err(unrouted) => overflow(shared, &outlet, &flow, unrouted.request, &unrouted.error.message).await,
+        },
+    };
     let tunnelled = matches!(response.body(), GatewayBody::Tunnel(_));
     if let Some(settlement) = settlement {
         // A node answered: the key's tokens are spent (they are refunded otherwise).
@@ -394,10 +435,42 @@ async fn api(shared: &Shared, request: Request<Incoming>, caller: &mut Caller) -
     if !tunnelled {
         charge.refused(response.status().as_u16());
     }
-    if let Some(spin) = &shared.spin {
+    let overflowed =
+        response.headers().get(crate::proxy::NODE_HEADER).is_some_and(|v| v.as_bytes().starts_with(b"overflow:"));
+    if let Some(spin) = shared.spin.as_ref().filter(|_| !overflowed) {
         spin.demand.first_byte(&model_name, routed_at.elapsed());
     }
     response
+}
+
+/// Sends `request`, which the federation could not take (`why`), to the outside provider of
+/// `outlet` ([`crate::overflow`]).
+async fn overflow(
+    shared: &Shared,
+    outlet: &Arc<crate::overflow::Outlet>,
+    key: &str,
+    request: ApiRequest,
+    why: &str,
+) -> Response<GatewayBody> {
+    tracing::info!(
+        provider = %outlet.provider.name,
+        "key '{key}': model '{}' overflows to the outside provider '{}': {why}",
+        request.model,
+        outlet.provider.name
+    );
+    let outgoing = crate::overflow::Outgoing {
+        method: request.head.method,
+        path_and_query: request.head.path_and_query,
+        headers: request.head.headers,
+        body: request.body,
+        model: request.model,
+        stream: request.stream,
+        strip_usage: request.strip_usage,
+        ready_at: request.ready_at,
+        held: request.held,
+        charge: request.charge,
+    };
+    crate::overflow::forward(outlet, &shared.metrics, outgoing).await
 }
 
 async fn read_body(body: Incoming, max: usize, timeout: Duration) -> Result<Bytes, ApiError> {
@@ -426,7 +499,8 @@ fn admit_key(
     if let ModelScope::Only(_) = scope {
         let served = crate::routing::models(&shared.view.snapshot());
         let spinnable = shared.spin.as_ref().is_some_and(|s| s.is_spinnable(model));
-        if !scope.allows(model) || !(spinnable || served.iter().any(|m| m == model)) {
+        let overflows = shared.outlet_for(caller, model).is_some();
+        if !scope.allows(model) || !(spinnable || overflows || served.iter().any(|m| m == model)) {
             let visible: Vec<String> = served.into_iter().filter(|m| scope.allows(m)).collect();
             return Err(Box::new(shared.answer_error(ApiError::unknown_model(model, &visible), "unknown")));
         }
@@ -439,16 +513,26 @@ fn admit_key(
     })
 }
 
-/// The models `scope` may see: those some routable node serves, and the spinnable ones.
-fn models_in_scope(shared: &Shared, scope: &ModelScope) -> Vec<String> {
+/// The models `caller` may see: those some routable node serves, the spinnable ones, and,
+/// if it may overflow, those of the outside providers.
+fn models_in_scope(shared: &Shared, caller: &Caller) -> Vec<String> {
     let mut names = crate::routing::models(&shared.view.snapshot());
     if let Some(spin) = &shared.spin {
         names.extend(spin.models().cloned());
-        names.sort();
-        names.dedup();
     }
-    names.retain(|m| scope.allows(m));
+    if let Some(overflow) = shared.overflow.as_ref().filter(|_| caller.may_overflow()) {
+        names.extend(overflow.models());
+    }
+    names.sort();
+    names.dedup();
+    names.retain(|m| caller.models().allows(m));
     names
+}
+
+/// Whether `caller` sees the federation's model list as `/status` does: every model, and no
+/// outside provider's.
+fn sees_the_federation(shared: &Shared, caller: &Caller) -> bool {
+    matches!(caller.models(), ModelScope::All) && (shared.overflow.is_none() || !caller.may_overflow())
 }
 
 fn model_object(name: &str) -> serde_json::Value {
@@ -464,22 +548,20 @@ fn json_response(value: &serde_json::Value) -> Response<GatewayBody> {
 
 /// `GET /v1/models`, listing only the models the caller's key may use.
 fn models_for(shared: &Shared, caller: &Caller) -> Response<GatewayBody> {
-    let scope = caller.models();
-    if let ModelScope::All = scope {
+    if sees_the_federation(shared, caller) {
         return crate::status::models(shared);
     }
-    let data: Vec<serde_json::Value> = models_in_scope(shared, scope).iter().map(|m| model_object(m)).collect();
+    let data: Vec<serde_json::Value> = models_in_scope(shared, caller).iter().map(|m| model_object(m)).collect();
     shared.metrics.count("-", 200);
     json_response(&serde_json::json!({"object": "list", "data": data}))
 }
 
 /// `GET /v1/models/{id}`: a model the caller's key may not use is not found, as at OpenAI.
 fn model_for(shared: &Shared, caller: &Caller, id: &str) -> Response<GatewayBody> {
-    let scope = caller.models();
-    if let ModelScope::All = scope {
+    if sees_the_federation(shared, caller) {
         return crate::status::model(shared, id);
     }
-    let known = models_in_scope(shared, scope);
+    let known = models_in_scope(shared, caller);
     if known.iter().any(|m| m == id) {
         json_response(&model_object(id))
     } else {

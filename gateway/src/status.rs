@@ -10,7 +10,7 @@
 //!  "nodes": [{"id": "…", "short": "1a2b3c4d", "role": "serving", "state": "SERVE",
 //!             "generation": 1733, "models": ["llama"], "alive": true, "routable": true,
 //!             "tunnel": true, "silent": false, "in_flight": 2, "reported_in_flight": 1,
-//!             "load": 7,
+//!             "load": 7, "handing_over": false, "leaving_in_ms": null,
 //!             "engine": {"running": 4, "waiting": 3, "kv_permille": 612, "age_ms": 420,
 //!                        "fresh": true, "seq": 118,
 //!                        "models": [{"model": "llama", "running": 4, "waiting": 3, "kv_permille": 612}]},
@@ -21,7 +21,18 @@
 //! gateway's count; `engine` the node's last load report from its engine (`null` if none came),
 //! its age here and whether it is young enough to count (`fresh`); `load` what the policy
 //! balances, the two combined ([`crate::routing::combined_load`]); `reported_in_flight` what
-//! the node last gossiped.
+//! the node last gossiped. `handing_over` says that the node told this gateway it leaves soon
+//! (its walltime is near: new conversations go elsewhere, [`crate::routing::handing_over`]),
+//! and `leaving_in_ms` how long until it starts draining, as far as this gateway can tell
+//! (`null` when it does not hand over); the terminal table shows such a node as `leaving`.
+//!
+//! A gateway with `[[overflow]]` sections adds `overflow`, its outside providers (never their
+//! keys) and what they served ([`crate::overflow`]):
+//!
+//! ```json
+//! "overflow": [{"name": "cloud", "base_url": "https://api.example.com/v1", "models": ["gpt-4o-mini"],
+//!               "after_wait_ms": 0, "requests": 12, "failed": 1, "in_flight": 2}]
+//! ```
 //!
 //! A gateway that spins models adds `spin` ([`crate::spin::SpinShared::status_json`]):
 //!
@@ -94,6 +105,7 @@ pub fn status_json(shared: &Shared) -> Value {
                     })).collect::<Vec<_>>(),
                 })
             });
+            let leaving_in = shared.view.load_reports().leaving_in(&r.id, now, crate::routing::REPORT_MAX_AGE);
             json!({
                 "id": hex(&r.id),
                 "short": r.id.to_string(),
@@ -108,6 +120,8 @@ pub fn status_json(shared: &Shared) -> Value {
                 "in_flight": shared.load.get(&r.id),
                 "reported_in_flight": r.load.in_flight,
                 "load": crate::routing::node_load(&shared.view, &shared.load, &r.id, now),
+                "handing_over": leaving_in.is_some(),
+                "leaving_in_ms": leaving_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 "engine": engine,
                 "gpus": {
                     "model": format!("{:?}", r.hardware.gpu),
@@ -137,6 +151,9 @@ pub fn status_json(shared: &Shared) -> Value {
     });
     if let Some(spin) = &shared.spin {
         status["spin"] = spin.status_json();
+    }
+    if let Some(overflow) = &shared.overflow {
+        status["overflow"] = overflow.status_json();
     }
     status
 }
@@ -213,7 +230,10 @@ pub fn format_table(status: &Value) -> String {
     for n in status["nodes"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let models: Vec<&str> =
             n["models"].as_array().map(|m| m.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        let routable = tela_runtime::status::routable_label(n);
+        let routable = match tela_runtime::status::routable_label(n) {
+            "yes" if n["handing_over"] == true => "leaving",
+            label => label,
+        };
         let gpus = match n["gpus"]["count"].as_u64() {
             Some(0) | None => "-".to_string(),
             Some(c) => format!("{}x {}", c, n["gpus"]["model"].as_str().unwrap_or("?")),
@@ -237,6 +257,21 @@ pub fn format_table(status: &Value) -> String {
             gpus,
             n["generation"].to_string(),
             models.join(",")
+        ));
+    }
+    for p in status["overflow"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        out.push_str(&format!(
+            "overflow {} {}: {} requests, {} failed, {} in flight; models {}\n",
+            p["name"].as_str().unwrap_or("?"),
+            p["base_url"].as_str().unwrap_or("?"),
+            p["requests"],
+            p["failed"],
+            p["in_flight"],
+            p["models"].as_array().map_or(String::new(), |m| m
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(","))
         ));
     }
     out
@@ -271,7 +306,7 @@ pub async fn fetch_status(
         }
         let req = req.body(http_body_util::Empty::<bytes::Bytes>::new())?;
         let response = if https {
-            let tls = tls_connector(ca_cert)?;
+            let tls = crate::client_tls::connector(ca_cert)?;
             let name = rustls_pki_types::ServerName::try_from(host.clone())
                 .with_context(|| format!("'{host}' is not a valid TLS server name"))?;
             let stream = tls.connect(name, tcp).await.with_context(|| format!("TLS handshake with {host}:{port}"))?;
@@ -298,29 +333,4 @@ pub async fn fetch_status(
         Ok(value)
     };
     tokio::time::timeout(timeout, run).await.map_err(|_| anyhow::anyhow!("no answer from {url} within {timeout:?}"))?
-}
-
-/// A TLS client trusting the system's roots and `ca_cert`.
-fn tls_connector(ca_cert: Option<&std::path::Path>) -> anyhow::Result<tokio_rustls::TlsConnector> {
-    use anyhow::Context as _;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for cert in native.certs {
-        let _ = roots.add(cert);
-    }
-    if let Some(path) = ca_cert {
-        for cert in rustls_pki_types::CertificateDer::pem_file_iter(path)
-            .with_context(|| format!("cannot read {}", path.display()))?
-        {
-            roots.add(cert.with_context(|| format!("bad certificate in {}", path.display()))?)?;
-        }
-    }
-    anyhow::ensure!(!roots.is_empty(), "no trusted certificates: pass --ca-cert with the gateway's CA (PEM)");
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)))
 }

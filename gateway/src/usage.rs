@@ -1,6 +1,7 @@
 //! `tela usage`: an `sreport`-like view of the usage ledger ([`crate::ledger`]) — requests,
 //! errors, the engines' prompt and completion tokens and the time requests held, summed per
-//! key, account, model, node, UTC day or kind (`interactive` or `batch`) — or several of them:
+//! key, account, model, node, UTC day, kind (`interactive` or `batch`) or outside provider
+//! (`provider`: the `[[overflow]]` provider that served it, `-` for the federation) — or several of them:
 //! `--by account,kind` — over a range of days, as a table, CSV or JSON.
 //!
 //! Every gateway keeps its own ledger. Give each file with `--ledger` (copies are fine) and
@@ -32,6 +33,8 @@ pub enum GroupBy {
     Day,
     /// `interactive`, or `batch` for a request of a batch ([`crate::batch`]).
     Kind,
+    /// The outside provider that served or failed it ([`crate::overflow`]; `-`: the federation).
+    Provider,
 }
 
 impl GroupBy {
@@ -44,6 +47,7 @@ impl GroupBy {
             GroupBy::Node => "node",
             GroupBy::Day => "day",
             GroupBy::Kind => "kind",
+            GroupBy::Provider => "provider",
         }
     }
 
@@ -55,6 +59,7 @@ impl GroupBy {
             GroupBy::Node => "COALESCE(node, '-')",
             GroupBy::Day => "date(time_ms / 1000, 'unixepoch')",
             GroupBy::Kind => "CASE WHEN batch_id IS NULL THEN 'interactive' ELSE 'batch' END",
+            GroupBy::Provider => "COALESCE(provider, '-')",
         }
     }
 }
@@ -194,8 +199,15 @@ pub fn report(ledgers: &[PathBuf], query: &Query) -> Result<Report, UsageError> 
 }
 
 fn read_one(path: &Path, query: &Query) -> Result<Vec<(Vec<String>, Sums)>, UsageError> {
-    // `kind` reads the column batch inference added (schema version 2).
-    let needed = if query.by.contains(&GroupBy::Kind) { 2 } else { 1 };
+    // `kind` reads the column batch inference added (schema version 2), `provider` the one
+    // overflow added (3).
+    let needed = if query.by.contains(&GroupBy::Provider) {
+        3
+    } else if query.by.contains(&GroupBy::Kind) {
+        2
+    } else {
+        1
+    };
     let conn = crate::db::open_read_only(path, needed)?;
     let read = |source| UsageError::Read { path: path.to_path_buf(), source };
     let columns: Vec<&str> = query.by.iter().map(|g| g.sql()).collect();
@@ -367,7 +379,7 @@ fn csv_field(value: &str) -> String {
 
 /// Report usage from gateways' ledgers: requests, errors, the engines' prompt and completion
 /// tokens, and request_seconds (summed latency, arrival to last byte: the time requests held
-/// an engine), per key, account, model, node or UTC day. Several --ledger files (one per
+/// an engine), per key, account, model, node, UTC day, kind or overflow provider. Several --ledger files (one per
 /// gateway) are summed.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UsageArgs {
@@ -377,7 +389,12 @@ pub struct UsageArgs {
     pub ledgers: Vec<PathBuf>,
 
     /// Group by these columns, in order (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "account", value_name = "key|account|model|node|day|kind")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "account",
+        value_name = "key|account|model|node|day|kind|provider"
+    )]
     pub by: Vec<GroupBy>,
 
     /// From the start of this UTC day.

@@ -14,9 +14,9 @@
 //! - [`relay`] — `tela relay`, which forwards nodes' TCP+TLS tunnels to allowed gateways
 //!   without terminating them; nodes reach gateways directly, through it or through the login
 //!   host's `ssh` ([`ssh`]), as their [`path`] says.
-//! - [`batch`] — the spinner's way into batch systems: the Slurm command-line and
-//!   `slurmrestd` backends behind one trait, and the job template that turns a placement into
-//!   a batch script running `tela node`.
+//! - [`batch`] — the spinner's way into batch systems: the Slurm command-line, `slurmrestd`
+//!   and FirecREST v2 backends behind one trait, and the job template that turns a placement
+//!   into a batch script running `tela node`.
 //!
 //! # Driving the core
 //!

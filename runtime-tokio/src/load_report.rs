@@ -7,8 +7,11 @@
 //! A report is one datagram on a connection the node opened:
 //!
 //! ```text
-//! [LOAD_REPORT_TAG = 0xF0][LOAD_REPORT_VERSION = 1][postcard(LoadReport)]
+//! [LOAD_REPORT_TAG = 0xF0][LOAD_REPORT_VERSION = 2][postcard(LoadReport)]
 //! ```
+//!
+//! Version 2 added [`LoadReport::leaving_in_ms`] at the end; a version-1 report (the same
+//! fields without it) is still read, as a node that is not leaving.
 //!
 //! The first byte keeps it apart from the core's membership datagrams, which start with the
 //! core's wire version (`tela_core::wire::WIRE_VERSION`, a small number counting up from 1):
@@ -33,6 +36,15 @@
 //! reads it judges how old is too old (the gateway ignores reports older than a few seconds:
 //! `tela_gateway::routing`). Remote timestamps are never compared with local ones.
 //!
+//! # Handover
+//!
+//! A node whose walltime is near says so in every report ([`LoadReport::leaving_in_ms`]: how
+//! long until it starts draining, from its `--handover-window` on), and gateways then give its
+//! conversations to the nodes they will stay on (`tela_core::routing`, handover). Unlike the
+//! load, that claim does not go stale after a few seconds: a node that will leave still will
+//! when its reports pause. It holds until the moment it named has passed
+//! ([`LoadReports::leaving_in`]), when the node is DOWN anyway.
+//!
 //! It can also stamp each report with a local count at its arrival
 //! ([`LoadReports::count_local_with`], [`ReceivedLoad::local_at_arrival`]): a gateway records
 //! how many of its own requests were in flight on the node then, so that it can tell the
@@ -51,7 +63,9 @@ use tela_core::{NodeId, MAX_DATAGRAM};
 /// First byte of a load-report datagram; the core's datagrams start with its wire version.
 pub const LOAD_REPORT_TAG: u8 = 0xF0;
 /// Second byte: the report format. Bumped on any incompatible change.
-pub const LOAD_REPORT_VERSION: u8 = 1;
+pub const LOAD_REPORT_VERSION: u8 = 2;
+/// The previous format, still read: a report without [`LoadReport::leaving_in_ms`].
+const LOAD_REPORT_VERSION_1: u8 = 1;
 
 /// Reports older than this are dropped from the table when it is pruned.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -81,6 +95,17 @@ pub struct LoadReport {
     pub seq: u64,
     /// Per model; at most [`MAX_MODELS`].
     pub models: Vec<ModelLoad>,
+    /// Set while the node hands over, its walltime near: milliseconds from sending until it
+    /// starts draining (0 once it has). Gateways rank it last for new conversations.
+    pub leaving_in_ms: Option<u64>,
+}
+
+/// A version-1 report: [`LoadReport`] without `leaving_in_ms`.
+#[derive(Deserialize)]
+struct LoadReportV1 {
+    epoch: u64,
+    seq: u64,
+    models: Vec<ModelLoad>,
 }
 
 /// A node's engine load summed over its models: the engine's slots and KV cache are shared by
@@ -146,27 +171,30 @@ pub fn decode(datagram: &[u8]) -> Result<LoadReport, LoadReportError> {
     if datagram.len() > MAX_DATAGRAM {
         return Err(LoadReportError::Oversized(datagram.len()));
     }
-    match datagram {
-        [LOAD_REPORT_TAG, LOAD_REPORT_VERSION, body @ ..] => {
-            let (report, rest): (LoadReport, _) =
-                postcard::take_from_bytes(body).map_err(|e| LoadReportError::Malformed(e.to_string()))?;
-            if !rest.is_empty() {
-                return Err(LoadReportError::Malformed(format!("{} trailing bytes", rest.len())));
-            }
-            if report.models.len() > MAX_MODELS {
-                return Err(LoadReportError::Malformed(format!(
-                    "{} models (at most {MAX_MODELS})",
-                    report.models.len()
-                )));
-            }
-            if report.models.iter().any(|m| m.model.len() > MAX_MODEL_NAME || m.kv_permille.is_some_and(|k| k > 1000)) {
-                return Err(LoadReportError::Malformed("a model name or KV usage out of range".into()));
-            }
-            Ok(report)
+    fn body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, LoadReportError> {
+        let (value, rest): (T, _) =
+            postcard::take_from_bytes(body).map_err(|e| LoadReportError::Malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(LoadReportError::Malformed(format!("{} trailing bytes", rest.len())));
         }
-        [LOAD_REPORT_TAG, version, ..] => Err(LoadReportError::UnsupportedVersion(*version)),
-        _ => Err(LoadReportError::NotAReport),
+        Ok(value)
     }
+    let report = match datagram {
+        [LOAD_REPORT_TAG, LOAD_REPORT_VERSION, rest @ ..] => body::<LoadReport>(rest)?,
+        [LOAD_REPORT_TAG, LOAD_REPORT_VERSION_1, rest @ ..] => {
+            let LoadReportV1 { epoch, seq, models } = body(rest)?;
+            LoadReport { epoch, seq, models, leaving_in_ms: None }
+        }
+        [LOAD_REPORT_TAG, version, ..] => return Err(LoadReportError::UnsupportedVersion(*version)),
+        _ => return Err(LoadReportError::NotAReport),
+    };
+    if report.models.len() > MAX_MODELS {
+        return Err(LoadReportError::Malformed(format!("{} models (at most {MAX_MODELS})", report.models.len())));
+    }
+    if report.models.iter().any(|m| m.model.len() > MAX_MODEL_NAME || m.kv_permille.is_some_and(|k| k > 1000)) {
+        return Err(LoadReportError::Malformed("a model name or KV usage out of range".into()));
+    }
+    Ok(report)
 }
 
 /// A report as received: the report and when it arrived here.
@@ -255,6 +283,18 @@ impl LoadReports {
             .map(|r| FreshLoad { engine: r.report.total(), local_at_arrival: r.local_at_arrival })
     }
 
+    /// How long until `node` starts draining, if its latest report, however old, says it hands
+    /// over: the time it named less the report's age, zero once that has passed. The claim
+    /// lapses `grace` after the moment it named (the node is DOWN by then, and a later process
+    /// with the same identity must not inherit it).
+    pub fn leaving_in(&self, node: &NodeId, now: Instant, grace: Duration) -> Option<Duration> {
+        let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        let got = latest.get(node)?;
+        let named = Duration::from_millis(got.report.leaving_in_ms?);
+        let age = got.age(now);
+        (age < named.saturating_add(grace)).then(|| named.saturating_sub(age))
+    }
+
     /// `node`'s latest report, however old.
     pub fn latest(&self, node: &NodeId) -> Option<ReceivedLoad> {
         self.latest.lock().unwrap_or_else(PoisonError::into_inner).get(node).cloned()
@@ -275,6 +315,7 @@ mod tests {
             epoch,
             seq,
             models: vec![ModelLoad { model: "llama".into(), running, waiting: 2, kv_permille: Some(400) }],
+            leaving_in_ms: None,
         }
     }
 
@@ -288,6 +329,7 @@ mod tests {
                 ModelLoad { model: "b".into(), running: 1, waiting: 0, kv_permille: Some(900) },
                 ModelLoad { model: String::new(), running: 0, waiting: 4, kv_permille: None },
             ],
+            leaving_in_ms: Some(240_000),
         };
         let bytes = encode(&r);
         assert!(is_load_report(&bytes));
@@ -308,7 +350,7 @@ mod tests {
                 kv_permille: Some(1000),
             })
             .collect();
-        let bytes = encode(&LoadReport { epoch: u64::MAX, seq: u64::MAX, models });
+        let bytes = encode(&LoadReport { epoch: u64::MAX, seq: u64::MAX, models, leaving_in_ms: Some(u64::MAX) });
         assert!(bytes.len() <= MAX_DATAGRAM, "{} bytes", bytes.len());
         let back = decode(&bytes).expect("decodes");
         assert_eq!(back.models.len(), MAX_MODELS, "the over-long name is left out, then the list is capped");
@@ -322,7 +364,7 @@ mod tests {
         let now = Instant::now();
         let good = encode(&report(1, 1, 3));
         let mut other_version = good.to_vec();
-        other_version[1] = 2;
+        other_version[1] = 3;
         let mut trailing = good.to_vec();
         trailing.push(0);
         let mut kv_out_of_range = report(1, 1, 3);
@@ -331,7 +373,7 @@ mod tests {
             (vec![], LoadReportError::NotAReport),
             (vec![3, 1, 2], LoadReportError::NotAReport),
             (vec![LOAD_REPORT_TAG], LoadReportError::NotAReport),
-            (other_version, LoadReportError::UnsupportedVersion(2)),
+            (other_version, LoadReportError::UnsupportedVersion(3)),
             (vec![LOAD_REPORT_TAG; MAX_DATAGRAM + 1], LoadReportError::Oversized(MAX_DATAGRAM + 1)),
         ] {
             assert_eq!(table.receive(node, &bytes, now), Err(want));
@@ -341,6 +383,45 @@ mod tests {
         }
         assert!(table.latest(&node).is_none());
         assert_eq!(table.rejected(), 8);
+    }
+
+    #[test]
+    fn version_1_reports_are_read_as_not_leaving() {
+        #[derive(Serialize)]
+        struct V1 {
+            epoch: u64,
+            seq: u64,
+            models: Vec<ModelLoad>,
+        }
+        let r = report(5, 6, 1);
+        let mut bytes = vec![LOAD_REPORT_TAG, 1];
+        bytes.extend(postcard::to_allocvec(&V1 { epoch: 5, seq: 6, models: r.models.clone() }).expect("encodes"));
+        assert_eq!(decode(&bytes), Ok(r.clone()));
+        // A version-2 body under the version-1 byte has a trailing field: refused, not misread.
+        let mut v2 = encode(&LoadReport { leaving_in_ms: Some(9), ..r }).to_vec();
+        v2[1] = 1;
+        assert!(matches!(decode(&v2), Err(LoadReportError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_handover_holds_until_the_moment_it_named_even_when_reports_pause() {
+        let table = LoadReports::default();
+        let node = NodeId([5; 16]);
+        let grace = Duration::from_secs(3);
+        let t0 = Instant::now();
+        table.receive(node, &encode(&report(1, 1, 0)), t0).expect("kept");
+        assert_eq!(table.leaving_in(&node, t0, grace), None, "not leaving");
+        let leaving = LoadReport { leaving_in_ms: Some(10_000), ..report(1, 2, 0) };
+        table.receive(node, &encode(&leaving), t0).expect("kept");
+        assert_eq!(table.leaving_in(&node, t0, grace), Some(Duration::from_secs(10)));
+        // Long after the load went stale, the node still leaves, sooner.
+        let t6 = t0 + Duration::from_secs(6);
+        assert_eq!(table.fresh(&node, t6, grace), None);
+        assert_eq!(table.leaving_in(&node, t6, grace), Some(Duration::from_secs(4)));
+        // Past the moment it named, it holds for the grace and then lapses.
+        assert_eq!(table.leaving_in(&node, t0 + Duration::from_secs(12), grace), Some(Duration::ZERO));
+        assert_eq!(table.leaving_in(&node, t0 + Duration::from_secs(13), grace), None);
+        assert_eq!(table.leaving_in(&NodeId([6; 16]), t0, grace), None, "no report");
     }
 
     #[test]

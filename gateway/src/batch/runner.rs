@@ -315,6 +315,7 @@ impl Runner {
                 completion_tokens: tokens("completion_tokens").or_else(|| tokens("prompt_tokens").map(|_| 0)),
                 latency_ms: millis(started.elapsed()),
                 ttft_ms: Some(millis(answer.first_byte)),
+                provider: None,
             };
             let id = b.id.clone();
             let counted = (row.prompt_tokens.unwrap_or(0), row.completion_tokens.unwrap_or(0));

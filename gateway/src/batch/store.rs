@@ -575,29 +575,7 @@ pub fn finish_line(
         return Ok(false);
     }
     if let Some(r) = usage {
-        let to_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        tx.execute(
-            "INSERT INTO requests (time_ms, key_name, key_hash, account, model, node, endpoint, stream, status,
-                 outcome, prompt_tokens, completion_tokens, latency_ms, ttft_ms, batch_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            params![
-                r.time_ms,
-                r.key_name,
-                r.key_hash,
-                r.account,
-                r.model,
-                r.node,
-                r.endpoint,
-                r.stream,
-                r.status,
-                r.outcome,
-                r.prompt_tokens.map(to_i64),
-                r.completion_tokens.map(to_i64),
-                to_i64(r.latency_ms),
-                r.ttft_ms.map(to_i64),
-                batch_id
-            ],
-        )?;
+        crate::ledger::insert_row(&tx, r, Some(batch_id))?;
     }
     tx.commit()?;
     Ok(true)

@@ -1,8 +1,10 @@
 //! The [`BatchSystem`] a plan's `[spin.backend]` names: the Slurm commands
-//! ([`tela_runtime::batch::sbatch`]) or slurmrestd ([`tela_runtime::batch::slurmrest`]).
+//! ([`tela_runtime::batch::sbatch`]), slurmrestd ([`tela_runtime::batch::slurmrest`]) or
+//! FirecREST v2 ([`tela_runtime::batch::firecrest`]).
 
 use std::sync::Arc;
 
+use tela_runtime::batch::firecrest::{Firecrest, FirecrestConfig};
 use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
 use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig};
 use tela_runtime::batch::BatchSystem;
@@ -30,6 +32,17 @@ pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
             config.timeout = *timeout;
             config.version = Some(version);
             Ok(Arc::new(SlurmRest::with_version(config, version).map_err(|e| e.to_string())?))
+        }
+        BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout } => {
+            let mut config = FirecrestConfig::new(
+                url.clone(),
+                system.clone(),
+                token_url.clone(),
+                client_id.clone(),
+                client_secret.clone(),
+            );
+            config.timeout = *timeout;
+            Ok(Arc::new(Firecrest::new(config).map_err(|e| e.to_string())?))
         }
     }
 }

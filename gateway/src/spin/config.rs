@@ -10,7 +10,9 @@
 //! budget = { gpu_hours = 200, window = "24h" }
 //!
 //! [spin.backend]
-//! kind = "sbatch"               # or "slurmrest" with url, user, token_file, version
+//! kind = "sbatch"               # or "slurmrest" with url, user, token_file, version; or
+//!                               # "firecrest" with url, system, token_url, client_id and
+//!                               # client_secret_file or client_secret_env
 //!
 //! [spin.job]
 //! tela = "/opt/tela/bin/tela"   # the binary, as compute nodes see it
@@ -46,6 +48,7 @@ use tela_core::hardware::GPU_CATALOG;
 use tela_core::placement::{place, KvHeadroom, ModelSpec, NodeShape, Placement, Variant};
 use tela_core::spin::{GpuHourBudget, ModelPolicy, SpinConfig, Spinner};
 use tela_core::{FabricId, GpuModel, Hardware, Quantization};
+use tela_runtime::batch::firecrest::ClientSecret;
 
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -196,13 +199,15 @@ pub enum BackendKind {
     Sbatch,
     /// Slurm's REST daemon.
     Slurmrest,
+    /// CSCS's FirecREST v2, with OIDC client credentials.
+    Firecrest,
 }
 
 /// `[spin.backend]` as written; which keys apply depends on `kind`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendSection {
-    /// `"sbatch"` or `"slurmrest"`.
+    /// `"sbatch"`, `"slurmrest"` or `"firecrest"`.
     pub kind: BackendKind,
     /// sbatch: the `sbatch` program (default: looked up in `PATH`).
     pub sbatch: Option<PathBuf>,
@@ -214,7 +219,7 @@ pub struct BackendSection {
     pub sbatch_args: Option<Vec<String>>,
     /// sbatch: arguments added to every `squeue` and `scancel` call.
     pub query_args: Option<Vec<String>>,
-    /// slurmrest: the daemon's base URL (`http://slurm-rest:6820`).
+    /// slurmrest, firecrest: the service's base URL (`http://slurm-rest:6820`).
     pub url: Option<String>,
     /// slurmrest: the Slurm user the token belongs to.
     pub user: Option<String>,
@@ -222,6 +227,16 @@ pub struct BackendSection {
     pub token_file: Option<PathBuf>,
     /// slurmrest: the OpenAPI version (default `v0.0.38`).
     pub version: Option<String>,
+    /// firecrest: the system (cluster) name in FirecREST's paths.
+    pub system: Option<String>,
+    /// firecrest: the OIDC provider's token endpoint (client-credentials grant).
+    pub token_url: Option<String>,
+    /// firecrest: the OIDC client id.
+    pub client_id: Option<String>,
+    /// firecrest: a file whose first line is the client secret (re-read on every token request).
+    pub client_secret_file: Option<PathBuf>,
+    /// firecrest: an environment variable holding the client secret.
+    pub client_secret_env: Option<String>,
     /// Longest one call to the batch system may take (default 30 s).
     pub timeout: Option<Dur>,
 }
@@ -370,6 +385,21 @@ pub enum BackendPlan {
         /// Per call.
         timeout: Duration,
     },
+    /// FirecREST v2.
+    Firecrest {
+        /// Base URL.
+        url: String,
+        /// System name.
+        system: String,
+        /// Token endpoint.
+        token_url: String,
+        /// OIDC client id.
+        client_id: String,
+        /// Where the client secret is.
+        client_secret: ClientSecret,
+        /// Per call.
+        timeout: Duration,
+    },
 }
 
 impl fmt::Display for BackendPlan {
@@ -377,6 +407,9 @@ impl fmt::Display for BackendPlan {
         match self {
             BackendPlan::Sbatch { sbatch, .. } => write!(f, "sbatch ({})", sbatch.display()),
             BackendPlan::Slurmrest { url, user, version, .. } => write!(f, "slurmrestd {version} at {url} as {user}"),
+            BackendPlan::Firecrest { url, system, client_id, .. } => {
+                write!(f, "FirecREST v2 at {url}, system {system}, as client {client_id}")
+            }
         }
     }
 }
@@ -655,7 +688,7 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
     let Some(b) = section else {
         return Err(invalid(
             "spin.backend",
-            "missing: add [spin.backend] with kind = \"sbatch\" or kind = \"slurmrest\"",
+            "missing: add [spin.backend] with kind = \"sbatch\", \"slurmrest\" or \"firecrest\"",
         ));
     };
     let timeout = positive("spin.backend.timeout", b.timeout, Duration::from_secs(30))?;
@@ -666,8 +699,16 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
             Ok(())
         }
     };
+    let not_firecrest = || -> Result<(), ConfigError> {
+        reject(b.system.is_some(), "system", "firecrest")?;
+        reject(b.token_url.is_some(), "token_url", "firecrest")?;
+        reject(b.client_id.is_some(), "client_id", "firecrest")?;
+        reject(b.client_secret_file.is_some(), "client_secret_file", "firecrest")?;
+        reject(b.client_secret_env.is_some(), "client_secret_env", "firecrest")
+    };
     match b.kind {
         BackendKind::Sbatch => {
+            not_firecrest()?;
             reject(b.url.is_some(), "url", "slurmrest")?;
             reject(b.user.is_some(), "user", "slurmrest")?;
             reject(b.token_file.is_some(), "token_file", "slurmrest")?;
@@ -682,6 +723,7 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
             })
         }
         BackendKind::Slurmrest => {
+            not_firecrest()?;
             reject(b.sbatch.is_some(), "sbatch", "sbatch")?;
             reject(b.squeue.is_some(), "squeue", "sbatch")?;
             reject(b.scancel.is_some(), "scancel", "sbatch")?;
@@ -720,6 +762,67 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                 version,
                 timeout,
             })
+        }
+        BackendKind::Firecrest => {
+            for (present, key) in [
+                (b.sbatch.is_some(), "sbatch"),
+                (b.squeue.is_some(), "squeue"),
+                (b.scancel.is_some(), "scancel"),
+                (b.sbatch_args.is_some(), "sbatch_args"),
+                (b.query_args.is_some(), "query_args"),
+            ] {
+                reject(present, key, "sbatch")?;
+            }
+            for (present, key) in
+                [(b.user.is_some(), "user"), (b.token_file.is_some(), "token_file"), (b.version.is_some(), "version")]
+            {
+                reject(present, key, "slurmrest")?;
+            }
+            let required = |v: &Option<String>, key: &str, example: &str| {
+                v.clone().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).ok_or_else(|| {
+                    invalid(
+                        format!("spin.backend.{key}"),
+                        format!("required for kind = \"firecrest\" (e.g. {example})"),
+                    )
+                })
+            };
+            let http_url = |url: String, key: &str| {
+                if url.starts_with("http://") {
+                    Ok(url.trim_end_matches('/').to_string())
+                } else {
+                    Err(invalid(
+                        format!("spin.backend.{key}"),
+                        format!("'{url}' is not an http:// URL: Tela speaks plain HTTP to it (put a TLS-terminating proxy on this host and name its http:// side)"),
+                    ))
+                }
+            };
+            let url = http_url(required(&b.url, "url", "\"http://127.0.0.1:8000\"")?, "url")?;
+            let system = required(&b.system, "system", "\"daint\"")?;
+            if system.contains(['/', '?', '#', ' ']) {
+                return Err(invalid("spin.backend.system", format!("'{system}' must be one path segment")));
+            }
+            let token_url = http_url(
+                required(&b.token_url, "token_url", "\"http://idp:8080/realms/hpc/protocol/openid-connect/token\"")?,
+                "token_url",
+            )?;
+            let client_id = required(&b.client_id, "client_id", "\"tela-spinner\"")?;
+            let client_secret = match (&b.client_secret_file, &b.client_secret_env) {
+                (Some(file), None) => ClientSecret::File(file.clone()),
+                (None, Some(var)) if !var.trim().is_empty() => ClientSecret::Env(var.trim().to_string()),
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        "spin.backend.client_secret_env",
+                        "give the secret one way: client_secret_file or client_secret_env, not both",
+                    ))
+                }
+                _ => {
+                    return Err(invalid(
+                        "spin.backend.client_secret_file",
+                        "required for kind = \"firecrest\": a file holding the OIDC client secret (or client_secret_env, a variable holding it)",
+                    ))
+                }
+            };
+            Ok(BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout })
         }
     }
 }
@@ -1091,5 +1194,82 @@ engine = "serve --port {port}"
         assert_eq!(parse_params("0.5B"), Some(500));
         assert_eq!(parse_params("135M"), Some(135));
         assert_eq!(parse_params("8"), None);
+    }
+}
+
+#[cfg(test)]
+mod firecrest_tests {
+    use super::*;
+    use crate::config::LoadedConfig;
+
+    fn with_backend(backend: &str) -> String {
+        format!(
+            "[spin]\n[spin.backend]\n{backend}\n[spin.job]\ntela = \"/opt/tela\"\njoin = [\"gw:7000\"]\njoin_secret_file = \"/s\"\n\
+             [[spin.partition]]\nname = \"gpu\"\nshape = \"a100-80x4\"\nnodes = 2\n\
+             [[spin.model]]\nname = \"small\"\nparams = \"8B\"\nquantization = \"bf16\"\nkv_headroom = \"2GiB\"\nengine = \"serve --port {{port}}\"\n"
+        )
+    }
+
+    const FIRECREST: &str = "kind = \"firecrest\"\nurl = \"http://127.0.0.1:8000/\"\nsystem = \"daint\"\n\
+        token_url = \"http://idp/token\"\nclient_id = \"tela\"\nclient_secret_file = \"/etc/tela/fc-secret\"";
+
+    fn refused(backend: &str) -> String {
+        match LoadedConfig::parse(&with_backend(backend), "test.toml") {
+            Ok(_) => panic!("accepted:\n{backend}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_firecrest_backend_is_read_with_its_secret_from_a_file_or_a_variable() {
+        let plan = LoadedConfig::parse(&with_backend(FIRECREST), "t.toml").expect("valid").spin.expect("[spin]");
+        assert_eq!(
+            plan.backend,
+            BackendPlan::Firecrest {
+                url: "http://127.0.0.1:8000".into(),
+                system: "daint".into(),
+                token_url: "http://idp/token".into(),
+                client_id: "tela".into(),
+                client_secret: ClientSecret::File("/etc/tela/fc-secret".into()),
+                timeout: Duration::from_secs(30),
+            }
+        );
+        assert_eq!(plan.backend.to_string(), "FirecREST v2 at http://127.0.0.1:8000, system daint, as client tela");
+        let env =
+            FIRECREST.replace("client_secret_file = \"/etc/tela/fc-secret\"", "client_secret_env = \"FC_SECRET\"");
+        let plan = LoadedConfig::parse(&with_backend(&env), "t.toml").expect("valid").spin.expect("[spin]");
+        assert!(
+            matches!(plan.backend, BackendPlan::Firecrest { client_secret: ClientSecret::Env(ref v), .. } if v == "FC_SECRET")
+        );
+    }
+
+    #[test]
+    fn firecrest_refusals_name_the_key() {
+        let cases = [
+            (FIRECREST.replace("system = \"daint\"\n", ""), "spin.backend.system", "required for kind = \"firecrest\""),
+            (FIRECREST.replace("client_id = \"tela\"\n", ""), "spin.backend.client_id", "required"),
+            (
+                FIRECREST.replace("client_secret_file = \"/etc/tela/fc-secret\"", ""),
+                "spin.backend.client_secret_file",
+                "required",
+            ),
+            (format!("{FIRECREST}\nclient_secret_env = \"X\""), "spin.backend.client_secret_env", "not both"),
+            (
+                FIRECREST.replace("http://127.0.0.1:8000/", "https://api.cscs.ch"),
+                "spin.backend.url",
+                "TLS-terminating proxy",
+            ),
+            (FIRECREST.replace("http://idp/token", "idp/token"), "spin.backend.token_url", "not an http:// URL"),
+            (format!("{FIRECREST}\nuser = \"u\""), "spin.backend.user", "only applies to kind = \"slurmrest\""),
+            (
+                "kind = \"sbatch\"\nsystem = \"daint\"".to_string(),
+                "spin.backend.system",
+                "only applies to kind = \"firecrest\"",
+            ),
+        ];
+        for (backend, key, why) in cases {
+            let err = refused(&backend);
+            assert!(err.contains(key) && err.contains(why), "{backend}\n→ {err}\n(wanted {key}: {why})");
+        }
     }
 }

@@ -14,43 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
-use tela_core::routing::rendezvous_weight;
-use tela_core::{NodeId, Prefix};
 use tela_gateway::engine_sim::FailMode;
-
-/// The next turn's body: `messages` so far plus a new user message.
-fn turn(messages: &mut Vec<Value>, question: &str) -> Value {
-    messages.push(json!({"role": "user", "content": question}));
-    json!({"model": MODEL, "messages": messages, "max_tokens": 6})
-}
-
-/// Sends the next turn of a conversation to `base`; records the answer in `messages` and
-/// returns the node that served it.
-async fn next_turn(base: &str, messages: &mut Vec<Value>, question: &str) -> String {
-    let reply = post(base, "/v1/chat/completions", turn(messages, question)).await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
-    let answer = reply.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
-    messages.push(json!({"role": "assistant", "content": answer}));
-    reply.header("x-tela-node").expect("x-tela-node")
-}
-
-const SYSTEM: &str = "You are a patient tutor. Answer in one short paragraph.";
-
-/// A conversation's opening: one shared system prompt, its own first question.
-fn opening(i: usize) -> (Vec<Value>, String) {
-    (vec![json!({"role": "system", "content": SYSTEM})], format!("Conversation {i}: explain topic number {i} to me."))
-}
-
-/// The nodes in the order the documented rule ranks them for conversation `i` (highest
-/// rendezvous weight of its head's key first), as short ids.
-fn ranking(fed: &Fed, i: usize) -> Vec<String> {
-    let (_, first) = opening(i);
-    let head = Prefix::of_messages([("system", SYSTEM.as_bytes()), ("user", first.as_bytes())]);
-    let key = head.key().expect("a head with content has a key");
-    let mut ids: Vec<NodeId> = fed.nodes.iter().map(|n| n.id).collect();
-    ids.sort_by_key(|id| std::cmp::Reverse(rendezvous_weight(key, id)));
-    ids.iter().map(NodeId::to_string).collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_turn_of_a_conversation_goes_to_one_node_and_conversations_spread() {

@@ -1,4 +1,5 @@
-//! Spinning on a real Slurm, through both front doors (`sbatch` and slurmrestd): a request for a
+//! Spinning on a real Slurm, through each front door (`sbatch`, slurmrestd, and FirecREST v2 in
+//! `spinning_through_firecrest`): a request for a
 //! spinnable model that nobody serves makes the gateway submit a job; the job's `tela node`
 //! starts the engine simulator and joins; the waiting request is answered. The job's short
 //! walltime then brings Slurm's warning (or the node's own walltime timer): the node turns
@@ -29,6 +30,7 @@ fn config(env: &SlurmEnv, backend: &str, dir: &Path, anchor: &str) -> String {
     std::fs::write(&secret, format!("{SECRET}\n")).expect("secret file");
     let backend = match backend {
         "sbatch" => "kind = \"sbatch\"".to_string(),
+        "firecrest" => crate::spinning_through_firecrest::backend_section(),
         _ => {
             let (url, user, token) = env.rest.clone().expect("slurmrestd settings");
             let token = token.display();
@@ -98,7 +100,8 @@ fn job_state(id: &str) -> String {
     text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("GONE").to_string()
 }
 
-async fn scenario(env: &SlurmEnv, backend: &str) {
+/// The whole lifecycle through `backend` (`sbatch`, `slurmrest` or `firecrest`).
+pub(crate) async fn scenario(env: &SlurmEnv, backend: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let anchor = format!("127.0.0.1:{}", free_port());
     let loaded = LoadedConfig::parse(&config(env, backend, dir.path(), &anchor), "test").expect("valid config");

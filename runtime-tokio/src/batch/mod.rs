@@ -2,17 +2,21 @@
 //! into jobs — submit, look up, cancel, signal — whatever the scheduler's front door is.
 //!
 //! [`BatchSystem`] is the one interface the spinner drives. Backends implement it for one front
-//! door each: the Slurm command line (`sbatch`, `squeue`, `scancel`) and Slurm's REST daemon
-//! (`slurmrestd`, JWT). A FirecREST backend fits the same shape: its `POST /compute/jobs/upload`
-//! submits a script, `GET /compute/jobs` lists jobs with their state and comment, and
-//! `DELETE /compute/jobs/{id}` cancels; FirecREST's tasks are polled inside the backend so the
-//! trait stays request/response.
+//! door each: the Slurm command line ([`sbatch`]: `sbatch`, `squeue`, `scancel`), Slurm's REST
+//! daemon ([`slurmrest`]: `slurmrestd`, JWT) and CSCS's FirecREST v2 ([`firecrest`]: OIDC
+//! client credentials, `POST`/`GET`/`DELETE /compute/{system}/jobs`; resources and the walltime
+//! warning travel as `#SBATCH` lines, as v2 has no signal endpoint, and a drain is a `scancel
+//! --batch --signal=USR1` run in the job through its `attach` endpoint). The two REST backends
+//! share one HTTP exchange (`http`).
 //!
 //! What a job runs is rendered by a job template from the spinner's placement; see
 //! [`JobRequest`]. The link from a job to the serving node it became is the job's *comment*:
 //! the batch script writes `tela-node=<node id>` into it once the node's identity exists, and
-//! [`BatchJob::node`] parses it back, so both backends (and FirecREST) can report it.
+//! [`BatchJob::node`] parses it back, so the Slurm backends can report it (FirecREST v2's job
+//! answer carries no comment).
 
+pub mod firecrest;
+mod http;
 pub mod sbatch;
 pub mod slurmrest;
 pub mod template;

@@ -101,18 +101,7 @@ impl Sbatch {
         if let Some(a) = &job.account {
             args.push(format!("--account={a}"));
         }
-        args.push(format!("--nodes={}", job.nodes));
-        args.push("--ntasks-per-node=1".into());
-        if job.gpus_per_node > 0 {
-            args.push(format!("--gres=gpu:{}", job.gpus_per_node));
-        }
-        args.push(format!("--cpus-per-task={}", job.cpus_per_task));
-        args.push(format!("--time={}", slurm_time(job.walltime)));
-        if !job.drain_signal_before.is_zero() {
-            // Slurm takes whole seconds and at most 65535.
-            let secs = job.drain_signal_before.as_secs().clamp(1, 65_535);
-            args.push(format!("--signal=B:USR1@{secs}"));
-        }
+        args.extend(resource_args(job));
         args.push(format!("--chdir={}", job.working_dir));
         args.push("--export=ALL".into());
         Ok(args)
@@ -252,6 +241,24 @@ impl BatchSystem for Sbatch {
 /// Whether Slurm's complaint means the job is not known (any more).
 fn gone(stderr: &str) -> bool {
     stderr.contains("Invalid job id specified") || stderr.contains("already completing or completed")
+}
+
+/// The options that ask for `job`'s resources, time limit and walltime warning (`--nodes`,
+/// `--gres`, `--time`, `--signal=B:USR1@<drain>`, ...): `sbatch` arguments here, `#SBATCH`
+/// lines where a front door takes only a script (FirecREST).
+pub fn resource_args(job: &JobRequest) -> Vec<String> {
+    let mut args = vec![format!("--nodes={}", job.nodes), "--ntasks-per-node=1".into()];
+    if job.gpus_per_node > 0 {
+        args.push(format!("--gres=gpu:{}", job.gpus_per_node));
+    }
+    args.push(format!("--cpus-per-task={}", job.cpus_per_task));
+    args.push(format!("--time={}", slurm_time(job.walltime)));
+    if !job.drain_signal_before.is_zero() {
+        // Slurm takes whole seconds and at most 65535.
+        let secs = job.drain_signal_before.as_secs().clamp(1, 65_535);
+        args.push(format!("--signal=B:USR1@{secs}"));
+    }
+    args
 }
 
 /// Checks what Slurm would otherwise reject with a less helpful message, or what would break

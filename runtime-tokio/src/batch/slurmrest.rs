@@ -44,13 +44,11 @@
 
 pub mod v0_0_38;
 
+use super::http::{Answer, HttpClient};
 use super::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchSystem, JobRequest, JobSignal};
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -58,9 +56,6 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 const BACKEND: &str = "slurmrestd";
-
-/// Largest answer read (a `GET /jobs` of a big cluster is a few MB).
-const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Job lookups in flight at once.
 const LOOKUPS_AT_ONCE: usize = 8;
@@ -157,7 +152,7 @@ pub struct SlurmRest {
     base: String,
     version: RestVersion,
     name: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     token: Mutex<Token>,
 }
 
@@ -165,12 +160,6 @@ impl fmt::Debug for SlurmRest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlurmRest").field("url", &self.base).field("version", &self.version).finish_non_exhaustive()
     }
-}
-
-/// One HTTP answer.
-struct Answer {
-    status: StatusCode,
-    body: Bytes,
 }
 
 impl SlurmRest {
@@ -201,10 +190,7 @@ impl SlurmRest {
         if config.user.is_empty() {
             return bad("no user name for X-SLURM-USER-NAME".into());
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.timeout));
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = HttpClient::new(BACKEND, config.timeout);
         Ok(SlurmRest {
             name: format!("{BACKEND} {version}"),
             config,
@@ -309,7 +295,6 @@ impl SlurmRest {
 
     async fn send(&self, method: &Method, path: &str, body: Option<Bytes>, token: &str) -> Result<Answer, BatchError> {
         let url = format!("{}{path}", self.base);
-        let unreachable = |detail: String| BatchError::Unreachable { backend: BACKEND, detail };
         let mut request = Request::builder()
             .method(method.clone())
             .uri(&url)
@@ -323,20 +308,7 @@ impl SlurmRest {
             backend: BACKEND,
             detail: format!("cannot build a request for {url}: {e} (is the user name or token odd?)"),
         })?;
-        let exchange = async {
-            let response =
-                self.client.request(request).await.map_err(|e| unreachable(format!("{method} {url}: {e}")))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map_err(|e| unreachable(format!("{method} {url}: reading the answer: {e}")))?
-                .to_bytes();
-            Ok(Answer { status, body })
-        };
-        tokio::time::timeout(self.config.timeout, exchange)
-            .await
-            .map_err(|_| unreachable(format!("{method} {url}: no answer within {:?}", self.config.timeout)))?
+        self.client.exchange(&format!("{method} {url}"), request).await
     }
 
     fn refused(&self, what: &str, answer: &Answer) -> BatchError {

@@ -15,11 +15,18 @@
 //! taken from the first model listed (the node does not know which model a request was for);
 //! the engine's total, which routing uses, is what it is about.
 //!
+//! A node whose walltime is near hands over: from [`LoadConfig::handover_window`] before its
+//! drain starts, every report says how long until then ([`LoadReport::leaving_in_ms`]), and the
+//! gateways send its conversations to the nodes they will stay on. The first such report goes
+//! out at the next tick, and one goes out at least every [`LoadConfig::refresh`] from then on —
+//! with no engine load in it if the engine has no metrics to read.
+//!
 //! An engine without usable metrics — `/metrics` answers 404, 405, 410 or 501 (the llama.cpp
 //! server without `--metrics`, SGLang without `--enable-metrics`), or a page with none of the
-//! gauges this node reads (TGI, a plain OpenAI proxy) — gets no reports: it is said once in the
-//! log, and asked again only every [`LoadConfig::retry_unsupported`]. Gateways then route it on
-//! their own in-flight counts. A failed fetch (the engine restarting, a timeout) sends nothing
+//! gauges this node reads (TGI, a plain OpenAI proxy) — gets no load in its reports (and no
+//! reports at all unless it hands over): it is said once in the log, and asked again only
+//! every [`LoadConfig::retry_unsupported`]. Gateways then route it on their own in-flight
+//! counts. A failed fetch (the engine restarting, a timeout) sends nothing
 //! and is tried again at the next tick; the gateways' reports age out meanwhile.
 
 use std::time::Duration;
@@ -50,7 +57,15 @@ pub struct LoadConfig {
     pub refresh: Duration,
     /// How long an engine without usable metrics is left alone before it is asked again.
     pub retry_unsupported: Duration,
+    /// When the walltime starts this node's drain, if it has a walltime.
+    pub drain_starts: Option<Instant>,
+    /// How long before [`LoadConfig::drain_starts`] the node hands over (see the module docs).
+    pub handover_window: Duration,
 }
+
+/// The handover window when none is given: long enough for a conversation's next turn to come
+/// (most come within minutes), short against a job's hours.
+pub const DEFAULT_HANDOVER_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 impl Default for LoadConfig {
     fn default() -> Self {
@@ -59,7 +74,18 @@ impl Default for LoadConfig {
             timeout: Duration::from_secs(2),
             refresh: Duration::from_secs(1),
             retry_unsupported: Duration::from_secs(60),
+            drain_starts: None,
+            handover_window: DEFAULT_HANDOVER_WINDOW,
         }
+    }
+}
+
+impl LoadConfig {
+    /// How long until the drain starts, once `now` is within the handover window before it
+    /// (zero once it has started); `None` outside the window or without a walltime.
+    pub fn leaving_in(&self, now: Instant) -> Option<Duration> {
+        let starts = self.drain_starts?;
+        (now + self.handover_window >= starts).then(|| starts.saturating_duration_since(now))
     }
 }
 
@@ -99,12 +125,24 @@ async fn read(backend: &Backend, timeout: Duration) -> Reading {
 pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView, stop: CancellationToken) {
     let epoch = crate::clock::generation_now();
     let mut seq = 0u64;
-    // What was last sent and when.
-    let mut last: Option<(Vec<ModelLoad>, Instant)> = None;
-    let mut send = |models: Vec<ModelLoad>, last: &mut Option<(Vec<ModelLoad>, Instant)>| {
+    // What was last sent (the models, and whether the node handed over) and when.
+    let mut last: Option<Sent> = None;
+    let handover = config.clone();
+    let mut said_handover = false;
+    let mut send = |models: Vec<ModelLoad>, last: &mut Option<Sent>| {
         seq += 1;
-        view.send_to_gateways(&encode(&LoadReport { epoch, seq, models: models.clone() }));
-        *last = Some((models, Instant::now()));
+        let now = Instant::now();
+        let leaving_in = handover.leaving_in(now);
+        if let (Some(left), false) = (leaving_in, said_handover) {
+            tracing::info!(
+                "handing over: draining starts in {}; the gateways send new conversations to other nodes",
+                humantime::format_duration(Duration::from_secs(left.as_secs()))
+            );
+            said_handover = true;
+        }
+        let leaving_in_ms = leaving_in.map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
+        view.send_to_gateways(&encode(&LoadReport { epoch, seq, models: models.clone(), leaving_in_ms }));
+        *last = Some(Sent { models, handing_over: leaving_in_ms.is_some(), at: now });
     };
     // The last reading, the in-flight count it is taken to include, and when it was taken.
     let mut reading: Option<(Vec<ModelLoad>, u32, Instant)> = None;
@@ -122,16 +160,20 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                 let recent = reading.as_ref().filter(|(_, _, at)| at.elapsed() < 2 * config.refresh);
                 if let Some((models, at_reading, _)) = recent {
                     let moved = moved_by(models, view.in_flight().get(), *at_reading);
-                    if last.as_ref().map_or(true, |(sent, _)| *sent != moved) {
+                    if last.as_ref().map_or(true, |sent| sent.models != moved) {
                         send(moved, &mut last);
                         tokio::time::sleep(MIN_GAP).await;
                     }
                 }
             }
             _ = tick.tick(), if under_way.is_none() => {
-                if unsupported_until.map_or(true, |until| Instant::now() >= until) {
+                let now = Instant::now();
+                if unsupported_until.map_or(true, |until| now >= until) {
                     let (backend, before) = (&backend, view.in_flight().get());
                     under_way = Some(Box::pin(async move { (read(backend, config.timeout).await, before) }));
+                } else if config.leaving_in(now).is_some() && last.as_ref().map_or(true, |sent| sent.due(now, &config)) {
+                    // No load to tell, but the gateways must hear that this node hands over.
+                    send(Vec::new(), &mut last);
                 }
             }
             (got, before) = async { under_way.as_mut().expect("guarded").await }, if under_way.is_some() => {
@@ -150,11 +192,8 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                             said_unsupported = false;
                         }
                         unsupported_until = None;
-                        // Half a tick early: ticks are not exact, and a refresh that just missed
-                        // one would otherwise wait for the next, half again as long.
-                        let refresh = config.refresh.saturating_sub(config.interval / 2);
                         let due = match &last {
-                            Some((sent, at)) => *sent != moved || at.elapsed() >= refresh,
+                            Some(sent) => sent.models != moved || sent.due(Instant::now(), &config),
                             None => true,
                         };
                         if due {
@@ -178,6 +217,24 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                 }
             }
         }
+    }
+}
+
+/// A report as sent.
+struct Sent {
+    models: Vec<ModelLoad>,
+    handing_over: bool,
+    at: Instant,
+}
+
+impl Sent {
+    /// Whether a report with the same load is due again at `now`: the refresh has come, or the
+    /// node started handing over since.
+    fn due(&self, now: Instant, config: &LoadConfig) -> bool {
+        // Half a tick early: ticks are not exact, and a refresh that just missed one would
+        // otherwise wait for the next, half again as long.
+        let refresh = config.refresh.saturating_sub(config.interval / 2);
+        now.saturating_duration_since(self.at) >= refresh || self.handing_over != config.leaving_in(now).is_some()
     }
 }
 
@@ -237,6 +294,23 @@ mod tests {
         assert_eq!(moved_by(&read, 1, 3), vec![m("a", 1, 0), m("b", 1, 0)]);
         assert_eq!(moved_by(&read, 0, 9), vec![m("a", 0, 0), m("b", 0, 0)], "never below zero");
         assert_eq!(moved_by(&[], 4, 0), vec![]);
+    }
+
+    #[test]
+    fn the_handover_window_opens_before_the_drain_starts() {
+        let now = Instant::now();
+        let window = Duration::from_secs(300);
+        let config = |starts: Option<Instant>| LoadConfig { drain_starts: starts, ..LoadConfig::default() };
+        assert_eq!(LoadConfig::default().handover_window, window);
+        assert_eq!(config(None).leaving_in(now), None, "no walltime, no handover");
+        assert_eq!(config(Some(now + window + Duration::from_secs(1))).leaving_in(now), None, "not yet");
+        assert_eq!(config(Some(now + window)).leaving_in(now), Some(window), "the window opens");
+        assert_eq!(config(Some(now + Duration::from_secs(4))).leaving_in(now), Some(Duration::from_secs(4)));
+        assert_eq!(config(Some(now)).leaving_in(now + Duration::from_secs(9)), Some(Duration::ZERO), "draining");
+        let sent = Sent { models: vec![], handing_over: false, at: now };
+        let soon = config(Some(now + window + Duration::from_millis(100)));
+        assert!(!sent.due(now, &soon), "nothing new: the refresh is a second away");
+        assert!(sent.due(now + Duration::from_millis(100), &soon), "the handover begins: due at once");
     }
 
     #[tokio::test]

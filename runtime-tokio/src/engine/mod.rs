@@ -23,7 +23,7 @@ mod process;
 pub use backend::{
     error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ProbeError,
 };
-pub use load::{report_load, LoadConfig};
+pub use load::{report_load, LoadConfig, DEFAULT_HANDOVER_WINDOW};
 pub use process::EngineProcess;
 
 use crate::backoff::Backoff;

@@ -36,7 +36,9 @@ LIFECYCLE
 
   Draining starts on SIGTERM, SIGUSR1, Ctrl-C, `tela drain`, or one drain window before the
   walltime: --walltime, else inside a Slurm job the job's remaining time (SLURM_JOB_END_TIME,
-  squeue, scontrol).
+  squeue, scontrol). One --handover-window before that drain the node hands over: still
+  SERVE, it tells the gateways it is leaving, and they send the next turns of its
+  conversations to the nodes those will stay on, so each moves once, before the node is gone.
 
 SLURM
   Start the engine and `tela node` in one batch job and have Slurm warn the batch shell
@@ -125,6 +127,12 @@ pub struct NodeArgs {
     #[arg(long, env = "TELA_WALLTIME", value_name = "DURATION")]
     pub walltime: Option<String>,
 
+    /// How long before the walltime's drain the node hands over: gateways send its
+    /// conversations' next turns to the nodes they will stay on, while it finishes what it
+    /// serves; 0s turns it off [default: 5m].
+    #[arg(long, env = "TELA_HANDOVER_WINDOW", value_name = "DURATION")]
+    pub handover_window: Option<String>,
+
     /// Hardware to announce when no NVIDIA driver is found: cpu, gh200x4, a100-80x2,
     /// rtx4090, ... [default: cpu].
     #[arg(long, env = "TELA_HARDWARE_PROFILE", value_name = "PROFILE")]
@@ -183,6 +191,7 @@ struct FileConfig {
     engine_cmd: Option<String>,
     drain_window: Option<String>,
     walltime: Option<String>,
+    handover_window: Option<String>,
     hardware_profile: Option<String>,
     models: Option<Vec<String>>,
     control: Option<PathBuf>,
@@ -213,6 +222,8 @@ pub struct NodeSettings {
     pub drain_window: Duration,
     /// Time until the allocation ends, if given.
     pub walltime: Option<Duration>,
+    /// Handover window (zero: none).
+    pub handover_window: Duration,
     /// Fallback hardware profile (validated).
     pub hardware_profile: String,
     /// Model names announced instead of the engine's.
@@ -370,6 +381,11 @@ impl NodeArgs {
             Some(w) => Some(parse_duration("walltime", &w)?),
             None => None,
         };
+        let handover_window = match pick(&self.handover_window, file.handover_window) {
+            Some(w) if humantime::parse_duration(w.trim()).is_ok_and(|d| d.is_zero()) => Duration::ZERO,
+            Some(w) => parse_duration("handover-window", &w)?,
+            None => crate::engine::DEFAULT_HANDOVER_WINDOW,
+        };
         let load_interval = duration("load-interval", &self.load_interval, file.load_interval, "500ms")?;
         if load_interval > MAX_LOAD_INTERVAL {
             return Err(NodeConfigError::LoadIntervalTooLong(load_interval));
@@ -384,6 +400,7 @@ impl NodeArgs {
             engine_cmd,
             drain_window: duration("drain-window", &self.drain_window, file.drain_window, "15m")?,
             walltime,
+            handover_window,
             hardware_profile,
             models: models.map(|m| m.into_iter().map(|s| s.trim().to_string()).collect()),
             control: pick(&self.control, file.control).unwrap_or_else(default_control_path),
@@ -536,6 +553,23 @@ transport = "tcp"
         assert_eq!(s.load_interval, Duration::from_millis(500), "default");
         assert_eq!(s.backend_url, "http://127.0.0.1:8000");
         assert!(s.walltime.is_none());
+        assert_eq!(s.handover_window, Duration::from_secs(300), "default");
+    }
+
+    #[test]
+    fn the_handover_window_can_be_set_or_turned_off() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::env::remove_var("TELA_HANDOVER_WINDOW");
+        let base = ["--join", "gw:7000", "--join-secret", "s"];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args).resolve()
+        };
+        assert_eq!(with(&["--handover-window", "90s"]).expect("valid").handover_window, Duration::from_secs(90));
+        assert_eq!(with(&["--handover-window", "0s"]).expect("valid").handover_window, Duration::ZERO, "off");
+        let e = with(&["--handover-window", "a while"]).unwrap_err().to_string();
+        assert!(e.contains("--handover-window 'a while'"), "{e}");
     }
 
     #[test]

@@ -108,15 +108,19 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     let _control = ControlServer::start(&settings.control, &runtime)?;
     let inputs = runtime.inputs();
 
+    let mut drain_starts = None;
     match walltime(&settings).await {
         Some((left, source)) => {
             let drain_in = left.saturating_sub(settings.drain_window);
             tracing::info!(
-                "walltime in {} (from {source:?}); draining starts in {}",
+                "walltime in {} (from {source:?}); draining starts in {}, handing over {} before",
                 humantime::format_duration(round(left)),
-                humantime::format_duration(round(drain_in))
+                humantime::format_duration(round(drain_in)),
+                humantime::format_duration(settings.handover_window)
             );
-            let _ = inputs.walltime(Instant::now() + left).await;
+            let now = Instant::now();
+            drain_starts = Some(now + drain_in);
+            let _ = inputs.walltime(now + left).await;
         }
         None => tracing::info!("no walltime: the node drains on SIGTERM, SIGUSR1 or `tela drain`"),
     }
@@ -129,7 +133,12 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
         ..EngineConfig::default()
     };
     let stop_engine = runtime.stop_engine();
-    let load = LoadConfig { interval: settings.load_interval, ..LoadConfig::default() };
+    let load = LoadConfig {
+        interval: settings.load_interval,
+        drain_starts: drain_starts.filter(|_| !settings.handover_window.is_zero()),
+        handover_window: settings.handover_window,
+        ..LoadConfig::default()
+    };
     let _load_reports =
         AbortOnDropHandle::new(tokio::spawn(report_load(backend.clone(), load, runtime.view(), stop_engine.clone())));
     let mut engine =

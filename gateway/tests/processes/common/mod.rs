@@ -5,6 +5,10 @@
 //! Every wait is bounded; every process is killed on drop.
 #![allow(dead_code)]
 
+mod conversations;
+
+pub use conversations::{next_turn, opening, ranking, turn};
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

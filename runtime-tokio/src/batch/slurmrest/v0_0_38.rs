@@ -212,7 +212,7 @@ pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, BatchError>
 
 /// The start of a body, for messages.
 pub fn preview(body: &[u8]) -> String {
-    String::from_utf8_lossy(&body[..body.len().min(300)]).split_whitespace().collect::<Vec<_>>().join(" ")
+    crate::batch::http::preview(body)
 }
 
 #[cfg(test)]
