@@ -22,9 +22,16 @@
 //!
 //! Each bench keeps its sample count and measurement time small, so the whole suite takes about
 //! a minute. Figures vary with the machine; tests never assert on them.
+//!
+//! The load tools in `src/bin` (`tela-load`, `tela-batch-load`, `tela-fairness`, `tela-paths`,
+//! `tela-affinity`) share [`process`] (starting engine simulators, gateways and nodes on
+//! loopback, and killing them on exit) and [`client`] (the HTTP client and percentiles).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+pub mod client;
+pub mod process;
 
 use std::sync::Arc;
 use tela_core::{

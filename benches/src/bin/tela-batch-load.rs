@@ -23,16 +23,14 @@
 //!
 //! Every phase is bounded in time, and every process started is killed on exit.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use tela_benches::client::{self, connect, percentile_ms as pct, serving_nodes, Result};
+use tela_benches::process::{Procs, Tela, TempDir};
 
 const MODEL: &str = "bench";
 const KEY: &str = "tela-batch-load-benchmark-key";
@@ -40,70 +38,9 @@ const SECRET: &str = "tela-batch-load benchmark secret";
 const BATCH_TOKENS: u64 = 32;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// Children killed on drop.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Procs {
-    /// Starts a process and returns its stdout's first `lines` lines.
-    fn spawn(&mut self, cmd: &mut Command, lines: usize) -> Result<Vec<String>> {
-        let stdout = if lines > 0 { Stdio::piped() } else { Stdio::null() };
-        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn()?;
-        let mut out = Vec::new();
-        if lines > 0 {
-            let mut reader = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-            for _ in 0..lines {
-                let mut line = String::new();
-                reader.read_line(&mut line)?;
-                out.push(line.trim().to_string());
-            }
-            std::thread::spawn(move || for _ in reader.lines() {});
-        }
-        self.0.push(child);
-        Ok(out)
-    }
-}
-
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-/// One request on a fresh connection; the status and the whole body.
+/// One request with the benchmark's key on a fresh connection; the status and the whole body.
 async fn call(addr: SocketAddr, method: &str, path: &str, content_type: &str, body: Bytes) -> Result<(u16, Bytes)> {
-    let mut sender = connect(addr).await?;
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string())
-        .header("authorization", format!("Bearer {KEY}"))
-        .header("content-type", content_type)
-        .body(Full::new(body))?;
-    let resp = tokio::time::timeout(REQUEST_TIMEOUT, sender.send_request(req)).await??;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    Ok((status, bytes))
+    client::call(addr, method, path, Some(KEY), content_type, body).await
 }
 
 fn chat(max_tokens: u64, stream: bool, text: &str) -> serde_json::Value {
@@ -232,14 +169,6 @@ async fn naive(gateway: SocketAddr, workers: usize, seconds: f64) -> u64 {
     total
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 /// Runs a batch over a phase of `seconds` (with `during` running meanwhile); tokens per second.
 async fn batch_phase<F: std::future::Future>(
     gateway: SocketAddr,
@@ -278,68 +207,27 @@ async fn main() -> Result<()> {
             _ => return Err("tela-batch-load [--seconds S] [--interactive N] [--naive N] [--tela PATH]".into()),
         }
     }
-    let dir = std::env::temp_dir().join(format!("tela-batch-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let _cleanup = Cleanup(dir.clone());
-    let mut procs = Procs(Vec::new());
+    let dir = TempDir::new("tela-batch-load")?;
+    let tela = Tela { bin: tela, dir: dir.path().to_path_buf(), secret: SECRET.into() };
+    let mut procs = Procs::default();
     let mut engines = Vec::new();
     for _ in 0..2 {
-        let lines = procs.spawn(
-            Command::new(&tela).args(["engine-sim", "--port", "0", "--model", MODEL, "--ttft-ms", "50"]).args([
-                "--tokens-per-s",
-                "100",
-                "--max-num-seqs",
-                "8",
-            ]),
-            1,
-        )?;
-        engines.push(lines[0].strip_prefix("listening on http://").ok_or("unexpected engine-sim output")?.to_string());
+        engines.push(tela.engine_sim(
+            &mut procs,
+            &["--model", MODEL, "--ttft-ms", "50", "--tokens-per-s", "100", "--max-num-seqs", "8"],
+        )?);
     }
-    let mut hash =
-        Command::new(&tela).args(["gateway", "hash-key"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
-    hash.stdin.take().ok_or("stdin")?.write_all(format!("{KEY}\n").as_bytes())?;
-    std::fs::write(dir.join("keys"), hash.wait_with_output()?.stdout)?;
-    let lines = procs.spawn(
-        Command::new(&tela)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0", "--batch-node-slots", "4"])
-            .arg("--api-keys")
-            .arg(dir.join("keys"))
-            .arg("--identity")
-            .arg(dir.join("gw.key"))
-            .arg("--ledger")
-            .arg(dir.join("gateway.db"))
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn"),
-        2,
+    std::fs::write(dir.path().join("keys"), tela.hash_key(KEY, None)?)?;
+    let gw = tela.gateway(
+        &mut procs,
+        "gw",
+        &["--batch-node-slots", "4", "--api-keys", &tela.file("keys"), "--ledger", &tela.file("gateway.db")],
     )?;
-    let gateway: SocketAddr =
-        lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
-    let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
+    let gateway = gw.api;
     for (i, e) in engines.iter().enumerate() {
-        procs.spawn(
-            Command::new(&tela)
-                .args(["node", "--join", &anchor, "--backend-url", &format!("http://{e}")])
-                .arg("--identity")
-                .arg(dir.join(format!("node{i}.key")))
-                .arg("--control")
-                .arg(dir.join(format!("node{i}.sock")))
-                .env("TELA_JOIN_SECRET", SECRET)
-                .env("RUST_LOG", "warn"),
-            0,
-        )?;
+        tela.node(&mut procs, &format!("node{i}"), &[&gw.anchor], &format!("http://{e}"), &[])?;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok((200, b)) = call(gateway, "GET", "/health", "application/json", Bytes::new()).await {
-            if serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["serving_nodes"] == 2) {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            return Err("the nodes did not come up within 30 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    serving_nodes(gateway, 2, Duration::from_secs(30)).await?;
 
     let (alone, alone_errors) = interactive(gateway, workers, seconds).await;
     let (batch_rate, (with_batch, batch_errors)) =

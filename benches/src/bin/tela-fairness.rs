@@ -21,10 +21,8 @@
 //! target/release/tela-fairness [--seconds S] [--flood N] [--tela PATH]
 //! ```
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +30,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use tela_benches::client::{connect, percentile_ms as pct, short_chat, Result};
+use tela_benches::process::{require_tela, Procs, Tela, TempDir};
 
 const MODEL: &str = "bench";
 const POLITE: &str = "tela-fairness-polite-key";
@@ -42,40 +41,6 @@ const SECRET: &str = "tela-fairness benchmark secret";
 const SLOTS: usize = 4;
 /// A request not answered within this counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// Children killed on drop.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Procs {
-    /// Starts a process and returns its stdout's first `lines` lines.
-    fn spawn(&mut self, cmd: &mut Command, lines: usize) -> Result<Vec<String>> {
-        let stdout = if lines > 0 { Stdio::piped() } else { Stdio::null() };
-        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn()?;
-        let mut out = Vec::new();
-        if lines > 0 {
-            let mut reader = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-            for _ in 0..lines {
-                let mut line = String::new();
-                reader.read_line(&mut line)?;
-                out.push(line.trim().to_string());
-            }
-            std::thread::spawn(move || for _ in reader.lines() {});
-        }
-        self.0.push(child);
-        Ok(out)
-    }
-}
 
 struct Args {
     tela: PathBuf,
@@ -99,36 +64,17 @@ fn parse_args() -> Result<Args> {
             other => return Err(format!("unknown argument {other} (see --help)").into()),
         }
     }
-    if !args.tela.exists() {
-        return Err(format!(
-            "{} not found: cargo build --release -p tela-gateway, or pass --tela",
-            args.tela.display()
-        )
-        .into());
-    }
+    require_tela(&args.tela)?;
     Ok(args)
-}
-
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
 }
 
 /// One chat request of `key`: its status, or `None` when it failed.
 async fn request(sender: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, key: &str) -> Option<u16> {
-    let body = serde_json::json!({
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Benchmark prompt: say something."}],
-        "max_tokens": 16,
-    });
     let req = hyper::Request::post("/v1/chat/completions")
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(short_chat(MODEL, false)))
         .ok()?;
     let exchange = async {
         sender.ready().await.ok()?;
@@ -140,60 +86,37 @@ async fn request(sender: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, key: &
     tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.ok().flatten()
 }
 
-/// The key-file line of `key`, named `name`, from `tela gateway hash-key`.
-fn key_line(tela: &Path, key: &str, name: &str) -> Result<String> {
-    let mut child = Command::new(tela)
-        .args(["gateway", "hash-key", "--name", name])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    child.stdin.take().ok_or("stdin")?.write_all(format!("{key}\n").as_bytes())?;
-    let out = child.wait_with_output()?;
-    Ok(String::from_utf8(out.stdout)?)
-}
-
 /// Starts an engine, a gateway with `--fair-slots-per-node slots` and a node; the API address.
-async fn federation(args: &Args, dir: &Path, procs: &mut Procs, slots: usize) -> Result<SocketAddr> {
-    let lines = procs.spawn(
-        Command::new(&args.tela).args(["engine-sim", "--port", "0", "--model", MODEL, "--ttft-ms", "5"]).args([
+async fn federation(tela: &Tela, procs: &mut Procs, slots: usize) -> Result<SocketAddr> {
+    let seqs = SLOTS.to_string();
+    let engine = tela.engine_sim(
+        procs,
+        &[
+            "--model",
+            MODEL,
+            "--ttft-ms",
+            "5",
             "--prefill-us-per-token",
             "0",
             "--tokens-per-s",
             "500",
             "--max-num-seqs",
-            &SLOTS.to_string(),
-        ]),
-        1,
+            &seqs,
+        ],
     )?;
-    let engine = lines[0].strip_prefix("listening on http://").ok_or("unexpected engine-sim output")?.to_string();
-    let keys = dir.join(format!("keys-{slots}"));
-    std::fs::write(&keys, key_line(&args.tela, POLITE, "polite")? + &key_line(&args.tela, FLOOD, "flood")?)?;
-    let lines = procs.spawn(
-        Command::new(&args.tela)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0", "--no-ledger"])
-            .args(["--fair-slots-per-node", &slots.to_string(), "--fair-queue-per-key", "64"])
-            .arg("--api-keys")
-            .arg(&keys)
-            .arg("--identity")
-            .arg(dir.join(format!("gw-{slots}.key")))
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn"),
-        2,
+    let keys = format!("keys-{slots}");
+    std::fs::write(
+        tela.dir.join(&keys),
+        tela.hash_key(POLITE, Some("polite"))? + &tela.hash_key(FLOOD, Some("flood"))?,
     )?;
-    let gateway: SocketAddr =
-        lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
-    let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
-    procs.spawn(
-        Command::new(&args.tela)
-            .args(["node", "--join", &anchor, "--backend-url", &format!("http://{engine}")])
-            .arg("--identity")
-            .arg(dir.join(format!("node-{slots}.key")))
-            .arg("--control")
-            .arg(dir.join(format!("node-{slots}.sock")))
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn"),
-        0,
+    let (slots_flag, keys) = (slots.to_string(), tela.file(&keys));
+    let gw = tela.gateway(
+        procs,
+        &format!("gw-{slots}"),
+        &["--no-ledger", "--fair-slots-per-node", &slots_flag, "--fair-queue-per-key", "64", "--api-keys", &keys],
     )?;
+    let gateway = gw.api;
+    tela.node(procs, &format!("node-{slots}"), &[&gw.anchor], &format!("http://{engine}"), &[])?;
     // Ready when the polite key is answered.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -272,19 +195,11 @@ async fn phase(gateway: SocketAddr, seconds: f64, flood: usize) -> Result<Phase>
     })
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = parse_args()?;
-    let dir = std::env::temp_dir().join(format!("tela-fairness-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = TempDir::new("tela-fairness")?;
+    let tela = Tela { bin: args.tela.clone(), dir: dir.path().to_path_buf(), secret: SECRET.into() };
     println!(
         "one engine ({SLOTS} slots, FIFO queue, ~35 ms per request); polite key: one request at a time for {} s; \
          flood: {} clients",
@@ -293,8 +208,8 @@ async fn main() -> Result<()> {
     println!("| gateway | neighbour | polite requests | polite p50 ms | polite p99 ms | polite errors | flood done | flood 429 |");
     println!("|---|---|---|---|---|---|---|---|");
     for (label, slots) in [("fair queueing", SLOTS), ("no fair queueing", 0)] {
-        let mut procs = Procs(Vec::new());
-        let gateway = federation(&args, &dir, &mut procs, slots).await?;
+        let mut procs = Procs::default();
+        let gateway = federation(&tela, &mut procs, slots).await?;
         for (neighbour, flood) in [("none", 0), ("flooding", args.flood)] {
             let p = phase(gateway, args.seconds, flood).await?;
             println!(
@@ -309,6 +224,5 @@ async fn main() -> Result<()> {
         }
         drop(procs);
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -25,60 +25,19 @@
 //!                           [--node-transport auto|quic|tcp] [--concurrency 1,32] [--counters]
 //! ```
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use tela_benches::client::{chat_ok, connect, percentile_ms as pct, serving_nodes, short_chat, wait_until, Result};
+use tela_benches::process::{find_vllm_router, free_port, require_tela, Procs, Tela, TempDir};
 
 const MODEL: &str = "bench";
 const KEY: &str = "tela-load-benchmark-key";
 const SECRET: &str = "tela-load benchmark secret";
 /// A request not answered within this counts as an error (and its connection is replaced).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// Children killed on drop.
-struct Procs(Vec<(String, Child)>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Procs {
-    /// Starts a process and returns its stdout's first lines (`lines` of them).
-    fn spawn(&mut self, name: &str, cmd: &mut Command, lines: usize) -> Result<(u32, Vec<String>)> {
-        // A pipe nobody reads fills up and blocks the child: only pipe what is read.
-        let stdout = if lines > 0 { Stdio::piped() } else { Stdio::null() };
-        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn()?;
-        let pid = child.id();
-        let mut out = Vec::new();
-        if lines > 0 {
-            let stdout = child.stdout.take().ok_or("no stdout")?;
-            let mut reader = BufReader::new(stdout);
-            for _ in 0..lines {
-                let mut line = String::new();
-                reader.read_line(&mut line)?;
-                out.push(line.trim().to_string());
-            }
-            // Keep reading (and discarding) so that the child never blocks on a full pipe.
-            std::thread::spawn(move || for _ in reader.lines() {});
-        }
-        self.0.push((name.to_string(), child));
-        Ok((pid, out))
-    }
-}
 
 struct Args {
     tela: PathBuf,
@@ -125,27 +84,8 @@ fn parse_args() -> Result<Args> {
             other => return Err(format!("unknown argument {other} (see --help)").into()),
         }
     }
-    if !args.tela.exists() {
-        return Err(format!(
-            "{} not found: cargo build --release -p tela-gateway, or pass --tela",
-            args.tela.display()
-        )
-        .into());
-    }
+    require_tela(&args.tela)?;
     Ok(args)
-}
-
-fn find_vllm_router() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/cache/bench-venv/bin/vllm-router");
-    if venv.exists() {
-        return Some(venv);
-    }
-    let out = Command::new("sh").args(["-c", "command -v vllm-router"]).output().ok()?;
-    out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn rss_mib(pid: u32) -> f64 {
@@ -157,56 +97,6 @@ fn rss_mib(pid: u32) -> f64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
         .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-fn body(stream: bool) -> Bytes {
-    Bytes::from(
-        serde_json::json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Benchmark prompt: say something."}],
-            "max_tokens": 16,
-            "stream": stream,
-        })
-        .to_string(),
-    )
-}
-
-/// Waits until `GET url` answers 200 (bounded).
-async fn ready(
-    addr: SocketAddr,
-    path: &str,
-    key: Option<&str>,
-    within: Duration,
-    check: impl Fn(&[u8]) -> bool,
-) -> Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(mut s) = connect(addr).await {
-            let mut req = hyper::Request::get(path).header("host", addr.to_string());
-            if let Some(k) = key {
-                req = req.header("authorization", format!("Bearer {k}"));
-            }
-            if let Ok(resp) = s.send_request(req.body(Full::new(Bytes::new()))?).await {
-                let ok = resp.status() == 200;
-                let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                if ok && check(&bytes) {
-                    return Ok(());
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{addr}{path} not ready within {within:?}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 struct Outcome {
@@ -236,30 +126,16 @@ async fn load(
             let mut lat = Vec::with_capacity(per_worker);
             let mut errors = 0;
             let Ok(mut sender) = connect(addr).await else { return (lat, per_worker) };
-            let payload = body(stream);
+            let payload = short_chat(MODEL, stream);
             for _ in 0..per_worker {
                 if Instant::now() > deadline {
                     break;
                 }
-                let mut req = hyper::Request::post("/v1/chat/completions")
-                    .header("host", addr.to_string())
-                    .header("content-type", "application/json");
-                if let Some(k) = &key {
-                    req = req.header("authorization", format!("Bearer {k}"));
-                }
-                let Ok(req) = req.body(Full::new(payload.clone())) else { break };
                 let t0 = Instant::now();
-                let exchange = async {
-                    sender.ready().await.ok()?;
-                    let resp = sender.send_request(req).await.ok()?;
-                    let status = resp.status();
-                    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
-                    (status == 200 && !bytes.is_empty()).then_some(())
-                };
-                let ok = tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.ok().flatten();
+                let ok = chat_ok(&mut sender, addr, key.as_deref(), payload.clone(), REQUEST_TIMEOUT).await;
                 match ok {
-                    Some(()) => lat.push(t0.elapsed()),
-                    None => {
+                    true => lat.push(t0.elapsed()),
+                    false => {
                         errors += 1;
                         match connect(addr).await {
                             Ok(s) => sender = s,
@@ -282,93 +158,38 @@ async fn load(
     Ok(Outcome { latencies, errors, wall: started.elapsed() })
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = parse_args()?;
-    let dir = std::env::temp_dir().join(format!("tela-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let _cleanup = Cleanup(dir.clone());
-    let mut procs = Procs(Vec::new());
+    let dir = TempDir::new("tela-load")?;
+    let tela = Tela { bin: args.tela.clone(), dir: dir.path().to_path_buf(), secret: SECRET.into() };
+    let mut procs = Procs::default();
 
     // Two engines.
     let mut engines = Vec::new();
-    for i in 0..2 {
-        let (_, lines) = procs.spawn(
-            &format!("engine {i}"),
-            Command::new(&args.tela).args([
-                "engine-sim",
-                "--port",
-                "0",
-                "--model",
-                MODEL,
-                "--ttft-ms",
-                "0",
-                "--prefill-us-per-token",
-                "0",
-                "--tokens-per-s",
-                "1000000",
-            ]),
-            1,
-        )?;
-        let url = lines[0].strip_prefix("listening on http://").ok_or("unexpected engine-sim output")?;
-        engines.push(url.parse::<SocketAddr>()?);
+    for _ in 0..2 {
+        engines.push(tela.engine_sim(
+            &mut procs,
+            &["--model", MODEL, "--ttft-ms", "0", "--prefill-us-per-token", "0", "--tokens-per-s", "1000000"],
+        )?);
     }
 
     // Tela: gateway + two nodes.
-    let keys = dir.join("keys");
-    let hashed =
-        Command::new(&args.tela).args(["gateway", "hash-key"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
-    let hashed = {
-        let mut hashed = hashed;
-        use std::io::Write;
-        hashed.stdin.take().ok_or("stdin")?.write_all(format!("{KEY}\n").as_bytes())?;
-        hashed.wait_with_output()?
-    };
-    std::fs::write(&keys, &hashed.stdout)?;
-    let (gw_pid, lines) = procs.spawn(
-        "tela gateway",
-        Command::new(&args.tela)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0"])
-            .arg("--api-keys")
-            .arg(&keys)
-            .arg("--identity")
-            .arg(dir.join("gw.key"))
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn"),
-        2,
-    )?;
-    let gateway: SocketAddr =
-        lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
-    let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
+    std::fs::write(dir.path().join("keys"), tela.hash_key(KEY, None)?)?;
+    let gw = tela.gateway(&mut procs, "gw", &["--api-keys", &tela.file("keys")])?;
+    let (gateway, gw_pid) = (gw.api, gw.pid);
     let mut node_pids = Vec::new();
     for (i, e) in engines.iter().enumerate() {
-        let (pid, _) = procs.spawn(
-            &format!("tela node {i}"),
-            Command::new(&args.tela)
-                .args(["node", "--join", &anchor, "--backend-url", &format!("http://{e}")])
-                .args(["--transport", &args.node_transport])
-                .arg("--identity")
-                .arg(dir.join(format!("node{i}.key")))
-                .arg("--control")
-                .arg(dir.join(format!("node{i}.sock")))
-                .env("TELA_JOIN_SECRET", SECRET)
-                .env("RUST_LOG", "warn"),
-            0,
-        )?;
-        node_pids.push(pid);
+        let transport = ["--transport", args.node_transport.as_str()];
+        node_pids.push(tela.node(
+            &mut procs,
+            &format!("node{i}"),
+            &[&gw.anchor],
+            &format!("http://{e}"),
+            &transport,
+        )?);
     }
-    ready(gateway, "/health", None, Duration::from_secs(30), |b| {
-        serde_json::from_slice::<serde_json::Value>(b).is_ok_and(|v| v["serving_nodes"] == 2)
-    })
-    .await?;
+    serving_nodes(gateway, 2, Duration::from_secs(30)).await?;
     let gateway_idle = rss_mib(gw_pid);
 
     // vllm-router in front of the same engines.
@@ -390,9 +211,9 @@ async fn main() -> Result<()> {
             .args(["--prometheus-port", &free_port()?.to_string()])
             .arg("--worker-urls")
             .args(engines.iter().map(|e| format!("http://{e}")));
-            let (pid, _) = procs.spawn("vllm-router", &mut cmd, 0)?;
+            let (pid, _) = procs.spawn(&mut cmd, 0)?;
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-            match ready(addr, "/v1/models", None, Duration::from_secs(60), |_| true).await {
+            match wait_until(addr, "/v1/models", None, Duration::from_secs(60), |_| true).await {
                 Ok(()) => Some((addr, pid)),
                 Err(e) => {
                     eprintln!("vllm-router did not come up ({e}); its rows are left out");
@@ -465,15 +286,6 @@ async fn main() -> Result<()> {
         println!("vllm-router RSS:  {idle:.1} MiB idle, {:.1} MiB after the load", rss_mib(pid));
     }
     Ok(())
-}
-
-/// Removes the run's temporary directory.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// CPU time and context switches of a set of processes, all threads summed.

@@ -18,72 +18,19 @@
 //! target/release/tela-paths [--tela PATH] [--sshd PATH] [--requests N] [--cuts N]
 //! ```
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use tela_benches::client::{chat_ok, connect, percentile_ms as pct, serving_nodes as serving, short_chat, Result};
+use tela_benches::process::{free_port, Procs, Tela, TempDir};
 
 const MODEL: &str = "bench";
 const SECRET: &str = "tela-paths benchmark secret";
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-/// Children killed on drop.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Procs {
-    /// Starts a process; returns its pid and its stdout's first `lines` lines.
-    fn spawn(&mut self, cmd: &mut Command, lines: usize) -> Result<(u32, Vec<String>)> {
-        let stdout = if lines > 0 { Stdio::piped() } else { Stdio::null() };
-        let mut child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn()?;
-        let pid = child.id();
-        let mut out = Vec::new();
-        if lines > 0 {
-            let mut reader = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-            for _ in 0..lines {
-                let mut line = String::new();
-                reader.read_line(&mut line)?;
-                out.push(line.trim().to_string());
-            }
-            std::thread::spawn(move || for _ in reader.lines() {});
-        }
-        self.0.push(child);
-        Ok((pid, out))
-    }
-
-    /// Kills and reaps the process `pid` started.
-    fn stop(&mut self, pid: u32) {
-        if let Some(i) = self.0.iter().position(|c| c.id() == pid) {
-            let mut c = self.0.remove(i);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Removes the run's temporary directory.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Args {
     tela: PathBuf,
@@ -113,77 +60,9 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-fn body(stream: bool) -> Bytes {
-    Bytes::from(
-        serde_json::json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Benchmark prompt: say something."}],
-            "max_tokens": 16,
-            "stream": stream,
-        })
-        .to_string(),
-    )
-}
-
 /// One chat request on `sender`; `true` when it was answered 200 with a body.
 async fn request(sender: &mut SendRequest<Full<Bytes>>, addr: SocketAddr, stream: bool) -> bool {
-    let Ok(req) = hyper::Request::post("/v1/chat/completions")
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Full::new(body(stream)))
-    else {
-        return false;
-    };
-    let exchange = async {
-        sender.ready().await.ok()?;
-        let resp = sender.send_request(req).await.ok()?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
-        (status == 200 && !bytes.is_empty()).then_some(())
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange).await.ok().flatten().is_some()
-}
-
-/// Waits until the gateway's /health counts `n` serving nodes.
-async fn serving(gateway: SocketAddr, n: u64, within: Duration) -> Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(mut s) = connect(gateway).await {
-            let req =
-                hyper::Request::get("/health").header("host", gateway.to_string()).body(Full::new(Bytes::new()))?;
-            if let Ok(resp) = s.send_request(req).await {
-                let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-                if v["serving_nodes"] == n {
-                    return Ok(());
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!("the gateway did not count {n} serving nodes within {within:?}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
+    chat_ok(sender, addr, None, short_chat(MODEL, stream), Duration::from_secs(5)).await
 }
 
 /// `requests` requests one after another; sorted latencies and the error count.
@@ -268,44 +147,19 @@ fn ssh_children(parent: u32) -> Vec<u32> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = parse_args()?;
-    let dir = std::env::temp_dir().join(format!("tela-paths-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let _cleanup = Cleanup(dir.clone());
-    let mut procs = Procs(Vec::new());
-    let tela = &args.tela;
+    let dir = TempDir::new("tela-paths")?;
+    let tela = Tela { bin: args.tela.clone(), dir: dir.path().to_path_buf(), secret: SECRET.into() };
+    let mut procs = Procs::default();
 
-    let (_, lines) = procs.spawn(
-        Command::new(tela).args([
-            "engine-sim",
-            "--port",
-            "0",
-            "--model",
-            MODEL,
-            "--ttft-ms",
-            "0",
-            "--prefill-us-per-token",
-            "0",
-            "--tokens-per-s",
-            "1000000",
-        ]),
-        1,
+    let engine = tela.engine_sim(
+        &mut procs,
+        &["--model", MODEL, "--ttft-ms", "0", "--prefill-us-per-token", "0", "--tokens-per-s", "1000000"],
     )?;
-    let engine = lines[0].strip_prefix("listening on http://").ok_or("unexpected engine-sim output")?.to_string();
+    let gw = tela.gateway(&mut procs, "gw", &["--no-auth", "--no-ledger"])?;
+    let (gateway, anchor) = (gw.api, gw.anchor);
+    let (destination, ssh_command) = start_sshd(&mut procs, &args.sshd, dir.path())?;
     let (_, lines) = procs.spawn(
-        Command::new(tela)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--anchor-listen", "127.0.0.1:0", "--no-auth", "--no-ledger"])
-            .arg("--identity")
-            .arg(dir.join("gw.key"))
-            .env("TELA_JOIN_SECRET", SECRET)
-            .env("RUST_LOG", "warn"),
-        2,
-    )?;
-    let gateway: SocketAddr =
-        lines[0].strip_prefix("listening on http://").ok_or("unexpected gateway output")?.parse()?;
-    let anchor = lines[1].strip_prefix("anchor on ").ok_or("unexpected gateway output")?.to_string();
-    let (destination, ssh_command) = start_sshd(&mut procs, &args.sshd, &dir)?;
-    let (_, lines) = procs.spawn(
-        Command::new(tela).args(["relay", "--listen", "127.0.0.1:0", "--allow", &anchor]).env("RUST_LOG", "warn"),
+        Command::new(&tela.bin).args(["relay", "--listen", "127.0.0.1:0", "--allow", &anchor]).env("RUST_LOG", "warn"),
         1,
     )?;
     let relay = lines[0].strip_prefix("relay on ").ok_or("unexpected relay output")?.to_string();
@@ -323,18 +177,8 @@ async fn main() -> Result<()> {
     let mut base: Vec<(f64, f64)> = Vec::new();
     let mut reconnects = Vec::new();
     for (i, (name, flags)) in paths.iter().enumerate() {
-        let (node, _) = procs.spawn(
-            Command::new(tela)
-                .args(["node", "--join", &anchor, "--backend-url", &format!("http://{engine}")])
-                .args(flags)
-                .arg("--identity")
-                .arg(dir.join(format!("node{i}.key")))
-                .arg("--control")
-                .arg(dir.join(format!("node{i}.sock")))
-                .env("TELA_JOIN_SECRET", SECRET)
-                .env("RUST_LOG", "warn"),
-            0,
-        )?;
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let node = tela.node(&mut procs, &format!("node{i}"), &[&anchor], &format!("http://{engine}"), &flags)?;
         serving(gateway, 1, Duration::from_secs(30)).await?;
         for (j, stream) in [false, true].into_iter().enumerate() {
             let (lat, errors) = measure(gateway, stream, args.requests).await?;
@@ -373,7 +217,7 @@ async fn main() -> Result<()> {
             }
         }
         // Drained, the node leaves the registry at once, and the next path starts from none.
-        Command::new(tela).arg("drain").arg("--control").arg(dir.join(format!("node{i}.sock"))).status()?;
+        Command::new(&tela.bin).args(["drain", "--control", &tela.file(&format!("node{i}.sock"))]).status()?;
         serving(gateway, 0, Duration::from_secs(30)).await?;
         procs.stop(node);
     }
