@@ -84,7 +84,7 @@
 //! The load summary in records is not refreshed by gossip (it would have to be flooded);
 //! routing reads load from the gateway's own accounting.
 //!
-//! Every message a node receives goes through one dispatch, [`Node::on_message`].
+//! Every message a node receives goes through one dispatch, `Node::on_message`.
 //!
 //! [`RECONNECT_INTERVAL`]: crate::anti_entropy::RECONNECT_INTERVAL
 //! [`Replica::set_alive`]: crate::replica::Replica::set_alive

@@ -659,7 +659,7 @@ pub struct HashKeyArgs {
     pub budget_tokens: Option<String>,
 
     /// When the federation cannot take a request (no node serves the model, or every one is
-    /// saturated), it may go to an outside provider of the gateway's [[overflow]] sections,
+    /// saturated), it may go to an outside provider of the gateway's `[[overflow]]` sections,
     /// charged to this key [default: never].
     #[arg(long)]
     pub overflow: bool,

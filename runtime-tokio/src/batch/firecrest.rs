@@ -17,7 +17,7 @@
 //!   endpoint to signal a job, so that line is the walltime drain's trigger (with the node's own
 //!   walltime timer, see [`crate::walltime`]).
 //! - **jobs**: `GET /compute/{system}/jobs/{id}` per id (a few at a time). FirecREST answers
-//!   from `sacct` and `squeue`; 404 means Slurm forgot the job: [`BatchState::Ended`](super::BatchState::Ended).
+//!   from `sacct` and `squeue`; 404 means Slurm forgot the job: [`super::BatchState::Ended`].
 //!   v2's job answer has no comment, so the node a running job became is read from the line
 //!   the job template prints first (`tela: job <id> is node <hex>`): the job's output file from
 //!   `GET /compute/{system}/jobs/{id}/metadata` (`standardOutput`), its first 4 KiB from
