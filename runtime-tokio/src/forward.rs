@@ -13,6 +13,9 @@
 //! - **Load**: every forwarded request counts in [`InFlight`](crate::inflight::InFlight)
 //!   from head to last byte, which the driver reports to the core (a drain ends when it
 //!   reaches zero).
+//! - **Progress**: every request sent to the engine counts in [`EngineTraffic`] until it
+//!   ends, with each arrival of bytes and each completed answer, so the engine supervisor
+//!   knows a probe that timed out behind a long generation from a stuck engine.
 //! - **Accepted at once**: the node answers every request head with the tunnel's accepted
 //!   marker — in the same write as the response head when the engine answers within
 //!   [`ForwardConfig::accept_within`], alone otherwise — so a gateway learns within a round
@@ -23,7 +26,7 @@
 //! - Errors before the response head become OpenAI-shaped `502`/`504` answers; an error after
 //!   it ends the stream early (the gateway turns that into an SSE error event).
 
-use crate::engine::{error_chain, Backend, EngineBody};
+use crate::engine::{error_chain, Backend, EngineBody, EngineTraffic};
 use crate::runtime::{IncomingStream, StreamHandler};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -83,12 +86,14 @@ pub const HOP_BY_HOP: &[&str] = &[
 /// The response header naming the node that served a request.
 pub const NODE_HEADER: &str = "x-tela-node";
 
-/// A [`StreamHandler`] that forwards every tunnelled request to `backend`.
-pub fn tunnel_handler(backend: Backend, config: ForwardConfig) -> StreamHandler {
+/// A [`StreamHandler`] that forwards every tunnelled request to `backend`, recording its
+/// progress in `traffic`.
+pub fn tunnel_handler(backend: Backend, config: ForwardConfig, traffic: EngineTraffic) -> StreamHandler {
     let backend = Arc::new(backend);
     Arc::new(move |incoming: IncomingStream| {
         let backend = backend.clone();
-        Box::pin(async move { serve(incoming, &backend, config).await })
+        let traffic = traffic.clone();
+        Box::pin(async move { serve(incoming, &backend, config, &traffic).await })
     })
 }
 
@@ -118,7 +123,7 @@ impl Reply {
     }
 }
 
-async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfig) {
+async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfig, traffic: &EngineTraffic) {
     let IncomingStream { peer, send, mut recv, view } = incoming;
     let mut send = Reply { send, accepted: false };
     let head = match tokio::time::timeout(config.head_timeout, read_request_head(&mut recv)).await {
@@ -179,6 +184,7 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
     };
     // The gateway waits for the accepted marker (not for the engine) to decide whether this
     // node is alive: it goes out with the response head, or alone if the engine is slower.
+    let progress = traffic.start();
     let engine = tokio::time::timeout(config.idle_timeout, backend.client().request(request));
     tokio::pin!(engine);
     let answer = tokio::select! {
@@ -222,6 +228,7 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
             return;
         }
     };
+    progress.received();
     let (parts, mut body) = response.into_parts();
     let mut headers: Vec<(String, Vec<u8>)> = parts
         .headers
@@ -236,6 +243,9 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
     let mut out = Vec::new();
     let mut gathered = gather_ready(&mut body, &mut out).await;
     let mut bytes = out.len() as u64;
+    if !out.is_empty() {
+        progress.received();
+    }
     if send.head(&head, &out).await.is_err() {
         return; // the gateway went away
     }
@@ -270,6 +280,7 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
         if out.is_empty() {
             continue;
         }
+        progress.received();
         bytes += out.len() as u64;
         if send.write_all(&out).await.is_err() || send.flush().await.is_err() {
             // The client or gateway went away; dropping the engine response closes its
@@ -278,6 +289,7 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
             return;
         }
     }
+    progress.completed();
     let _ = send.shutdown().await;
 }
 

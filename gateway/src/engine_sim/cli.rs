@@ -72,6 +72,11 @@ pub struct EngineSimArgs {
     /// Seed for the generated text and the fault draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// Serve one request at a time, like llama-cpp-python's server: every request, GET /health
+    /// included, waits until the one before has sent its last byte.
+    #[arg(long)]
+    pub serial: bool,
 }
 
 impl EngineSimArgs {
@@ -89,6 +94,7 @@ impl EngineSimArgs {
             fail_mode: self.fail_mode,
             startup_delay: Duration::from_millis(self.startup_delay_ms),
             seed: self.seed,
+            serial: self.serial,
             ..EngineSimConfig::default()
         }
     }

@@ -70,7 +70,19 @@ pub(crate) async fn handle(
     let in_flight = InFlight::enter(&shared);
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let result = respond(&shared, request, in_flight).await;
+    // A serial engine answers one request at a time: wait for the one before to finish, and
+    // hold the turn until this response's last byte (the body owns it).
+    let turn = if shared.config.serial {
+        // `ok()`: the semaphore is never closed.
+        Arc::clone(&shared.serial).acquire_owned().await.ok()
+    } else {
+        None
+    };
+    let mut result = respond(&shared, request, in_flight).await;
+    if let (Some(turn), Ok(response)) = (turn, &mut result) {
+        let body = std::mem::replace(response.body_mut(), full_body(Bytes::new()));
+        *response.body_mut() = HoldsTurn { body, _turn: turn }.boxed();
+    }
     match &result {
         Ok(response) => tracing::debug!(%method, %path, status = response.status().as_u16()),
         Err(e) => tracing::debug!(%method, %path, "{e}"),
@@ -122,6 +134,33 @@ async fn respond(
             }
         }
     })
+}
+
+/// A response body that keeps a serial engine's turn until hyper drops it (after the last
+/// byte, or when the client went away).
+struct HoldsTurn {
+    body: ResponseBody,
+    _turn: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for HoldsTurn {
+    type Data = Bytes;
+    type Error = StreamCut;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, StreamCut>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Reads a body of at most [`MAX_BODY_BYTES`]; any failure is the client's 4xx.

@@ -30,6 +30,9 @@
 //!   later ones wait for a slot (their response headers come when they start running).
 //!   Running requests hold KV blocks for their prompt and answer; their share of the cache's
 //!   capacity is the reported KV-cache usage.
+//! - **Serial.** With [`EngineSimConfig::serial`] (`--serial`) the server takes one request at
+//!   a time, whatever the endpoint, as llama-cpp-python's does: `GET /health` and
+//!   `GET /v1/models` wait in line behind a generation until its last byte has been sent.
 //!
 //! The cache and counters are shared by all connections of one engine, behind one mutex held
 //! for a lookup and an insert per request.
@@ -182,6 +185,9 @@ pub struct EngineSimConfig {
     pub max_tokens_limit: u32,
     /// How long a stopping server waits for in-flight responses before cutting them.
     pub shutdown_grace: Duration,
+    /// Serve one request at a time, every endpoint included, like llama-cpp-python's server:
+    /// a request (even `GET /health`) waits until the one before has sent its last byte.
+    pub serial: bool,
 }
 
 impl Default for EngineSimConfig {
@@ -200,6 +206,7 @@ impl Default for EngineSimConfig {
             seed: 0,
             max_tokens_limit: 4096,
             shutdown_grace: Duration::from_secs(10),
+            serial: false,
         }
     }
 }
@@ -336,6 +343,8 @@ struct Shared {
     faults: Mutex<ChaCha8Rng>,
     /// Slots, prefix cache and the counters of `/metrics`.
     scheduler: Arc<Scheduler>,
+    /// With [`EngineSimConfig::serial`]: the one permit a request holds until its last byte.
+    serial: Arc<tokio::sync::Semaphore>,
     next_request_id: AtomicU64,
     /// Unix seconds at creation: the `created` of every model.
     created: u64,
@@ -424,6 +433,7 @@ impl EngineSim {
                 ready_at: OnceLock::new(),
                 faults: Mutex::new(faults),
                 scheduler: Arc::new(scheduler),
+                serial: Arc::new(tokio::sync::Semaphore::new(1)),
                 next_request_id: AtomicU64::new(0),
                 created: unix_now(),
             }),

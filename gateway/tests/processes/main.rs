@@ -20,6 +20,7 @@ mod admission_refusals_say_why;
 mod api_forwards_openai_requests;
 mod batch_api_survives_restarts;
 mod budgets_hold_across_gateways;
+mod busy_engines_stay_up_while_streams_flow;
 mod conversations_stay_on_one_node;
 mod dashboard_renders_in_chromium;
 mod demo_runs_a_federation_and_stops_cleanly;

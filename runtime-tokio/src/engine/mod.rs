@@ -7,6 +7,13 @@
 //!   does any later change of the model list;
 //! - `failures_before_down` consecutive failures of a ready engine, or the launched process
 //!   exiting, feed `EngineFailed` with a log line naming the backend and the error;
+//! - a probe that times out while the engine is busy answering this node's requests — bytes
+//!   arriving for requests in flight, or requests completed, since the probe before
+//!   ([`EngineTraffic`], written by the tunnel handler) — is no failure: an engine that
+//!   serves one request at a time (llama-cpp-python) queues the probe behind a long
+//!   generation, and is evidently alive. Only timeouts with nothing flowing count, and a
+//!   refused connection or an error status always does, so a dead engine still goes DOWN
+//!   after `failures_before_down` probes ([`health::judge`] decides);
 //! - a launched engine that exited is started again with backoff; once it answers again the
 //!   core starts a new generation (a DOWN record cannot come back within its generation);
 //! - when the core asks to stop the engine (the node has LEFT) it stops a launched engine
@@ -16,18 +23,22 @@
 //! and pushes it to the gateways as load reports ([`crate::load_report`]).
 
 mod backend;
+pub mod health;
 mod load;
 pub mod metrics;
 mod process;
+mod traffic;
 
 pub use backend::{
     error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ProbeError,
 };
 pub use load::{report_load, LoadConfig, DEFAULT_HANDOVER_WINDOW};
 pub use process::EngineProcess;
+pub use traffic::{EngineRequest, EngineTraffic, Flow, TrafficMark};
 
 use crate::backoff::Backoff;
 use crate::runtime::LocalInputs;
+use health::{judge, ProbeOutcome, Verdict};
 use std::time::Duration;
 use tela_core::Model;
 use tokio::time::Instant;
@@ -67,13 +78,23 @@ impl Default for EngineConfig {
 }
 
 /// Probes (and, with a command, launches and relaunches) the engine and tells the core;
-/// returns once `stop` is cancelled and a launched engine has been stopped.
-pub async fn supervise(backend: Backend, config: EngineConfig, inputs: LocalInputs, stop: CancellationToken) {
+/// returns once `stop` is cancelled and a launched engine has been stopped. `traffic` is
+/// what the tunnel handler forwards to the engine, which excuses probes that time out while
+/// the engine is busy answering it.
+pub async fn supervise(
+    backend: Backend,
+    config: EngineConfig,
+    traffic: EngineTraffic,
+    inputs: LocalInputs,
+    stop: CancellationToken,
+) {
     let mut process: Option<EngineProcess> = None;
     let mut relaunch_at = Some(Instant::now());
     let mut restarts = Backoff::new(config.restart_delay, Duration::from_secs(60));
     let mut ready: Option<Vec<Model>> = None;
     let mut failures = 0u32;
+    let mut busy = false;
+    let mut since_last_probe = traffic.mark();
     let mut waiting_logged = 0u32;
     let mut probe = tokio::time::interval(config.probe_interval);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -120,7 +141,33 @@ pub async fn supervise(backend: Backend, config: EngineConfig, inputs: LocalInpu
                 if config.command.is_some() && process.is_none() {
                     continue; // nothing to probe until it is relaunched
                 }
-                match backend.probe(config.probe_timeout).await {
+                let probed = backend.probe(config.probe_timeout).await;
+                let flow = traffic.since(since_last_probe);
+                since_last_probe = traffic.mark();
+                if ready.is_some() {
+                    match judge(ProbeOutcome::of(&probed), flow, failures) {
+                        Verdict::Healthy => busy = false,
+                        Verdict::Busy => {
+                            if !busy {
+                                tracing::info!(
+                                    "the engine at {} is too busy to answer probes within {:?}, but it is answering {} request(s) in flight ({} completed since the last probe); not counting that as a failure",
+                                    backend.url(),
+                                    config.probe_timeout,
+                                    flow.in_flight,
+                                    flow.completed
+                                );
+                            }
+                            busy = true;
+                            failures = 0;
+                            continue;
+                        }
+                        Verdict::Failing(n) => {
+                            busy = false;
+                            failures = n;
+                        }
+                    }
+                }
+                match probed {
                     Ok(found) => {
                         failures = 0;
                         let models = match &config.models_override {
@@ -139,7 +186,6 @@ pub async fn supervise(backend: Backend, config: EngineConfig, inputs: LocalInpu
                         waiting_logged = 0;
                     }
                     Err(e) if ready.is_some() => {
-                        failures += 1;
                         if failures >= config.failures_before_down {
                             tracing::error!(
                                 "the engine at {} failed {failures} probes in a row ({e}); the node is DOWN until it answers again",

@@ -12,7 +12,7 @@ pub use config::{NodeArgs, NodeConfigError, NodeSettings};
 
 use crate::clock::generation_now;
 use crate::control::{ControlServer, ControlSocketError};
-use crate::engine::{report_load, supervise, Backend, EngineConfig, LoadConfig};
+use crate::engine::{report_load, supervise, Backend, EngineConfig, EngineTraffic, LoadConfig};
 use crate::forward::{tunnel_handler, ForwardConfig};
 use crate::gpu;
 use crate::identity::load_identity;
@@ -97,7 +97,9 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
 
     let endpoint = Endpoint::dialer(EndpointConfig::new(identity, settings.join_secret.clone()))?;
     let forward = ForwardConfig { idle_timeout: settings.stream_idle_timeout, ..ForwardConfig::default() };
-    let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward));
+    // What the tunnel handler forwards to the engine, read by the supervisor's probes.
+    let traffic = EngineTraffic::new();
+    let mut runtime = Runtime::start(config, endpoint, tunnel_handler(backend.clone(), forward, traffic.clone()));
     tracing::info!(
         "joining via {} over {} {}; engine at {}",
         settings.join.join(", "),
@@ -141,8 +143,13 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
     };
     let _load_reports =
         AbortOnDropHandle::new(tokio::spawn(report_load(backend.clone(), load, runtime.view(), stop_engine.clone())));
-    let mut engine =
-        AbortOnDropHandle::new(tokio::spawn(supervise(backend, engine_config, inputs.clone(), stop_engine.clone())));
+    let mut engine = AbortOnDropHandle::new(tokio::spawn(supervise(
+        backend,
+        engine_config,
+        traffic,
+        inputs.clone(),
+        stop_engine.clone(),
+    )));
 
     let mut interrupted = false;
     let exit = loop {
