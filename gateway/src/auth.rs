@@ -20,7 +20,9 @@
 //! | `models` | the models it may use, `m1,m2`, or `*` for all | `*` |
 //! | `rpm`, `tpm` | requests, tokens per minute | no limit |
 //! | `concurrent` | requests in flight at once | no limit |
-//! | `budget_tokens` | `N/day`, `N/week` or `N/month` (UTC calendar periods) | no budget |
+//! | `budget_tokens` | `N/day`, `N/week` or `N/month` (UTC calendar periods), interactive and batch tokens together | no budget |
+//! | `batch_tpm` | tokens per minute of the key's batches, paced, apart from `tpm` | no limit |
+//! | `batch_budget_tokens` | like `budget_tokens`, for the key's batch tokens alone | no budget |
 //! | `overflow` | `yes`: when the federation cannot take a request, it may go to an outside provider of the gateway's `[[overflow]]` sections ([`crate::overflow`]), charged to this key; `no` | `no` |
 //!
 //! The limits are enforced by [`crate::limits`]. Numbers are positive whole numbers. A value
@@ -69,8 +71,19 @@ use crate::limits::{Budget, KeyCounters, KeyGuard, KeyLimits, Now, Period, RateH
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The fields a key-file entry may set (see the module docs).
-pub const FIELDS: &[&str] =
-    &["name", "owner", "account", "models", "rpm", "tpm", "concurrent", "budget_tokens", "overflow"];
+pub const FIELDS: &[&str] = &[
+    "name",
+    "owner",
+    "account",
+    "models",
+    "rpm",
+    "tpm",
+    "concurrent",
+    "budget_tokens",
+    "batch_tpm",
+    "batch_budget_tokens",
+    "overflow",
+];
 
 /// The key file could not be used; the keys in force stay in force.
 #[derive(Debug, thiserror::Error)]
@@ -267,12 +280,19 @@ impl KeyEntry {
                         _ => return Err(bad("expected yes or no")),
                     };
                 }
+                "batch_tpm" => {
+                    entry.limits.batch_tokens_per_minute = Some(positive(value).ok_or_else(|| bad(NUMBER))?);
+                }
                 _ => {
                     let budget = value
                         .split_once('/')
                         .and_then(|(n, p)| Some(Budget { tokens: positive(n)?, period: Period::parse(p)? }))
                         .ok_or_else(|| bad("expected <tokens>/<day|week|month>, e.g. 1000000/month"))?;
-                    entry.limits.budget = Some(budget);
+                    if field == "batch_budget_tokens" {
+                        entry.limits.batch_budget = Some(budget);
+                    } else {
+                        entry.limits.budget = Some(budget);
+                    }
                 }
             }
         }
@@ -405,6 +425,15 @@ impl KeySet {
     /// True when no key is accepted.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// The entry whose hash begins with `prefix`, hex digits as the ledger and the batch
+    /// store name a key (`crate::ledger::key_hash`: 12 digits, 48 bits, so one key in practice).
+    pub fn entry_by_hash_prefix(&self, prefix: &str) -> Option<&Arc<KeyEntry>> {
+        if prefix.is_empty() {
+            return None;
+        }
+        self.keys.iter().find(|(hash, _)| hex(&hash[..]).starts_with(prefix)).map(|(_, entry)| entry)
     }
 
     /// Takes over the counters of the keys `previous` also holds (a reload must not reset a
@@ -658,6 +687,16 @@ pub struct HashKeyArgs {
     #[arg(long, value_name = "N/day|week|month")]
     pub budget_tokens: Option<String>,
 
+    /// Tokens per minute of the key's batches, which the gateway paces to it; batches never
+    /// use --tpm or --rpm [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub batch_tpm: Option<String>,
+
+    /// Batch tokens per UTC calendar day, week or month; batch tokens count toward
+    /// --budget-tokens as well [default: no batch budget].
+    #[arg(long, value_name = "N/day|week|month")]
+    pub batch_budget_tokens: Option<String>,
+
     /// When the federation cannot take a request (no node serves the model, or every one is
     /// saturated), it may go to an outside provider of the gateway's `[[overflow]]` sections,
     /// charged to this key [default: never].
@@ -677,6 +716,8 @@ impl HashKeyArgs {
             ("tpm", &self.tpm),
             ("concurrent", &self.concurrent),
             ("budget_tokens", &self.budget_tokens),
+            ("batch_tpm", &self.batch_tpm),
+            ("batch_budget_tokens", &self.batch_budget_tokens),
         ];
         let mut fields: Vec<(&'static str, String)> =
             options.into_iter().filter_map(|(field, value)| Some((field, value.clone()?))).collect();
@@ -758,7 +799,8 @@ mod tests {
     fn named_entries_carry_owner_account_models_and_limits() {
         let line = format!(
             "{} name=lab-a owner=\"Ada \\\"the countess\\\" Lovelace\" account=proj-42 models=llama,qwen \
-             rpm=60 tpm=100000 concurrent=4 budget_tokens=5000000/month # renewed yearly",
+             rpm=60 tpm=100000 concurrent=4 budget_tokens=5000000/month batch_tpm=20000 \
+             batch_budget_tokens=1000000/week # renewed yearly",
             key_line("k")
         );
         let set = KeySet::parse(Path::new("keys"), &format!("# keys\n{line}\n")).expect("valid");
@@ -774,9 +816,14 @@ mod tests {
                 tokens_per_minute: Some(100_000),
                 concurrent: Some(4),
                 budget: Some(Budget { tokens: 5_000_000, period: Period::Month }),
+                batch_tokens_per_minute: Some(20_000),
+                batch_budget: Some(Budget { tokens: 1_000_000, period: Period::Week }),
             }
         );
         assert_eq!(e.line, 2);
+        let batch_only = KeyEntry::parse(&format!("{} batch_tpm=5", key_line("b")), 1).expect("batch limit").1;
+        assert!(batch_only.limits.is_unlimited(), "batch limits leave interactive requests uncounted");
+        assert!(batch_only.limits.limits_batches());
         let star =
             KeyEntry::parse(&format!("{} alice models=* rpm=1", key_line("x")), 1).expect("label, then fields").1;
         assert_eq!((star.name.as_str(), star.models), ("alice", ModelScope::All));
@@ -793,6 +840,9 @@ mod tests {
             ("budget_tokens=100", "budget_tokens=100: expected <tokens>/<day|week|month>"),
             ("budget_tokens=100/year", "budget_tokens=100/year"),
             ("budget_tokens=0/day", "budget_tokens=0/day"),
+            ("batch_tpm=0", "batch_tpm=0: expected a positive whole number"),
+            ("batch_budget_tokens=5", "batch_budget_tokens=5: expected <tokens>/<day|week|month>"),
+            ("batch_tpm=1 batch_tpm=2", "'batch_tpm' is given twice"),
             ("models=a,,b", "models=a,,b: expected model names"),
             ("models=a,*", "models=a,*"),
             ("name=", "name=: the value is empty"),
@@ -879,6 +929,29 @@ mod tests {
         let overflowing = HashKeyArgs { overflow: true, ..HashKeyArgs::default() }.line("secret").expect("valid");
         assert!(overflowing.ends_with(" overflow=yes"), "{overflowing}");
         assert!(KeyEntry::parse(&overflowing, 1).expect("it parses").1.overflow);
+        let batch = HashKeyArgs {
+            batch_tpm: Some("500".into()),
+            batch_budget_tokens: Some("9000/day".into()),
+            ..HashKeyArgs::default()
+        };
+        let line = batch.line("secret").expect("valid batch options");
+        assert!(line.ends_with(" batch_tpm=500 batch_budget_tokens=9000/day"), "{line}");
+        let limits = KeyEntry::parse(&line, 1).expect("it parses").1.limits;
+        assert_eq!(limits.batch_tokens_per_minute, Some(500));
+        assert_eq!(limits.batch_budget, Some(Budget { tokens: 9000, period: Period::Day }));
+        let set = KeySet::parse(
+            Path::new("keys"),
+            &format!(
+                "{line}
+{}
+",
+                key_line("other")
+            ),
+        )
+        .expect("valid");
+        let prefix = &key_line("secret")["sha256:".len()..][..12];
+        assert_eq!(set.entry_by_hash_prefix(prefix).map(|e| e.line), Some(1), "the batch store's 12 digits find it");
+        assert!(set.entry_by_hash_prefix("").is_none());
         let bad = HashKeyArgs { budget_tokens: Some("1000".into()), ..HashKeyArgs::default() };
         let err = bad.line("secret").expect_err("no period").to_string();
         assert!(err.starts_with("--budget-tokens '1000': expected"), "{err}");

@@ -3,7 +3,9 @@
 //! ([`tela_core::spend`]), and each key's [`KeyCounters`](crate::limits::KeyCounters) learn
 //! what the others charged, so that a key is refused everywhere once the federation-wide spend
 //! reaches its `budget_tokens` (429 `insufficient_quota`, `Retry-After` until the period ends:
-//! [`crate::limits`]).
+//! [`crate::limits`]). The count includes the key's batch tokens, which are charged to the same
+//! budget ([`crate::limits`], "Batch requests"), so a batch on one gateway spends the budget
+//! that all of them hold; `batch_budget_tokens` is not exchanged.
 //!
 //! # The exchange
 //!

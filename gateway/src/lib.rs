@@ -8,7 +8,7 @@
 //!   parts: [`service`] (paths, auth, limits), [`proxy`] (forwarding with retries before the
 //!   first byte), [`routing`] (the core's decision plus live tunnels and in-flight counts),
 //!   [`body`] (streamed responses and the SSE error event), [`auth`] (hashed, named API keys,
-//!   reloaded), [`limits`] (each key's rates, concurrency and token budget), [`budgets`]
+//!   reloaded), [`limits`] (each key's rates, concurrency and token budget, and its batches' own), [`budgets`]
 //!   (budgets held across gateways), [`fairness`] (keys share a saturated model fairly, by
 //!   [`fair_queue`]), [`ledger`] (one
 //!   row per request in the gateway's SQLite database, [`db`]), [`batch`] (OpenAI's Batch

@@ -32,6 +32,20 @@
 //! Batch usage is counted like interactive usage: a row per answered request in the ledger
 //! (written with the result, marked with `batch_id`) and the per-key and per-model token
 //! counters of `/metrics`.
+//!
+//! # The key's limits
+//!
+//! Batch requests never take from the key's interactive `rpm`, `tpm` or `concurrent`. Before
+//! each line is sent, the key's counters are asked ([`KeyCounters::admit_batch`], rules in
+//! [`crate::limits`]): under the key's `batch_tpm` a line that does not fit waits, and the
+//! batch's later lines with it (so the batch keeps its order), until a later round finds room;
+//! once the key's `budget_tokens` or `batch_budget_tokens` is spent, each line still pending
+//! goes to the error file with code `budget_exceeded` when its turn comes. The key is found by
+//! the hash digits the batch was created with, in the key file as it is now (a key since
+//! removed from the file is not limited here: it cannot create batches any more, but its
+//! running ones finish).
+//!
+//! [`KeyCounters::admit_batch`]: crate::limits::KeyCounters::admit_batch
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +58,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::store::{self, BatchRow, Pending, Status};
 use super::{now_s, BatchShared};
+use crate::auth::{Access, KeyEntry};
+use crate::limits::{BatchAdmission, BatchCharge, Now};
 use crate::routing::{Choice, Target};
 use crate::service::Shared;
 
@@ -217,9 +233,18 @@ impl Runner {
         Ok(())
     }
 
-    /// Sends pending lines of `b` while nodes have room.
+    /// The entry of the key that created `b`, if it is in the key file and has limits that
+    /// apply to batches.
+    fn limited_key(&self, b: &BatchRow) -> Option<Arc<KeyEntry>> {
+        let Access::Keys(keys) = &self.shared.access else { return None };
+        let prefix = b.key_hash.as_deref()?;
+        keys.load().entry_by_hash_prefix(prefix).filter(|e| e.limits.limits_batches()).cloned()
+    }
+
+    /// Sends pending lines of `b` while nodes have room and the key's batch limits allow.
     async fn send_pending(&mut self, b: &BatchRow) -> rusqlite::Result<()> {
         let seq = b.seq;
+        let key = self.limited_key(b);
         let mut after = 0;
         let mut blocked: HashSet<String> = HashSet::new();
         loop {
@@ -234,9 +259,29 @@ impl Runner {
                 {
                     continue;
                 }
+                let charge = match &key {
+                    None => None,
+                    Some(entry) => {
+                        let cost = crate::limits::estimate_tokens(&b.endpoint, &p.body);
+                        match entry.counters().admit_batch(&entry.name, &entry.limits, cost, Now::current()) {
+                            BatchAdmission::Send(charge) => Some(charge),
+                            // Paced: the next round (at most a TICK away) asks again.
+                            BatchAdmission::Wait(_) => return Ok(()),
+                            BatchAdmission::OverBudget(message) => {
+                                let result =
+                                    store::error_line(Some(&p.custom_id), "budget_exceeded", &message, Some(p.line));
+                                let line = p.line;
+                                self.batch
+                                    .db(move |c| store::finish_line(c, seq, line, false, &result, None, ""))
+                                    .await?;
+                                continue;
+                            }
+                        }
+                    }
+                };
                 match self.pick(&p.model) {
                     Some(choice) => {
-                        self.spawn(b, p, choice);
+                        self.spawn(b, p, choice, charge);
                         sent += 1;
                     }
                     None => {
@@ -280,7 +325,9 @@ impl Runner {
         None
     }
 
-    fn spawn(&mut self, b: &BatchRow, p: Pending, choice: Choice) {
+    /// Sends line `p` of `b` to `choice`'s node; `charge`, the line's charge on its key, is
+    /// settled when a node answers it and refunded when none does.
+    fn spawn(&mut self, b: &BatchRow, p: Pending, choice: Choice, charge: Option<BatchCharge>) {
         self.in_flight.entry(b.seq).or_default().insert(p.line);
         let slot = Slot::take(&self.on_node, choice.node);
         let (shared, batch) = (self.shared.clone(), self.batch.clone());
@@ -295,6 +342,14 @@ impl Runner {
                 Err(retry) => return Done { seq, line, custom_id, retry: Some(retry.0) },
             };
             let ok = (200..300).contains(&answer.status);
+            if let (Some(charge), true) = (charge, ok) {
+                let usage = &answer.body["usage"];
+                let total = usage["total_tokens"].as_u64().or_else(|| {
+                    let prompt = usage["prompt_tokens"].as_u64()?;
+                    Some(prompt.saturating_add(usage["completion_tokens"].as_u64().unwrap_or(0)))
+                });
+                charge.answered(total, Now::current());
+            }
             let request_id = super::new_id("req_");
             let result = store::response_line(&p.custom_id, answer.status, &request_id, &answer.body);
             let usage = &answer.body["usage"];

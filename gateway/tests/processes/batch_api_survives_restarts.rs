@@ -40,7 +40,7 @@ fn key_file(dir: &Path) -> PathBuf {
 }
 
 /// `POST /v1/files` with a multipart form: `purpose` and the file `content`.
-async fn upload(base: &str, key: &str, purpose: &str, content: &[u8]) -> Reply {
+pub(crate) async fn upload(base: &str, key: &str, purpose: &str, content: &[u8]) -> Reply {
     let boundary = "tela-test-boundary-7f3a";
     let mut body = Vec::new();
     body.extend_from_slice(
@@ -78,7 +78,7 @@ async fn upload(base: &str, key: &str, purpose: &str, content: &[u8]) -> Reply {
     Reply { status: parts.status.as_u16(), headers: parts.headers, body }
 }
 
-fn chat_line(id: &str, model: &str, max_tokens: u32) -> String {
+pub(crate) fn chat_line(id: &str, model: &str, max_tokens: u32) -> String {
     json!({
         "custom_id": id,
         "method": "POST",
@@ -89,7 +89,7 @@ fn chat_line(id: &str, model: &str, max_tokens: u32) -> String {
 }
 
 /// Polls the batch until it is in a final status.
-async fn wait_final(base: &str, key: &str, id: &str, within: Duration) -> Value {
+pub(crate) async fn wait_final(base: &str, key: &str, id: &str, within: Duration) -> Value {
     let deadline = Instant::now() + within;
     loop {
         let b = call(base, "GET", &format!("/v1/batches/{id}"), Some(key), None).await;
@@ -104,7 +104,7 @@ async fn wait_final(base: &str, key: &str, id: &str, within: Duration) -> Value 
 }
 
 /// The lines of a file's content as JSON.
-async fn file_lines(base: &str, key: &str, id: &str) -> Vec<Value> {
+pub(crate) async fn file_lines(base: &str, key: &str, id: &str) -> Vec<Value> {
     let r = call(base, "GET", &format!("/v1/files/{id}/content"), Some(key), None).await;
     assert_eq!(r.status, 200, "{}", r.text());
     r.text().lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
