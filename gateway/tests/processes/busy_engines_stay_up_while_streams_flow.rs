@@ -18,13 +18,7 @@ const FAILURES_BEFORE_DOWN: u32 = 3;
 
 /// The gateway's `/status` entry for the node.
 fn node_status(fed: &Fed) -> Value {
-    let short = fed.nodes[0].id.to_string();
-    let status = fed.gateway.status();
-    status["nodes"]
-        .as_array()
-        .and_then(|nodes| nodes.iter().find(|n| n["short"] == short.as_str()))
-        .cloned()
-        .unwrap_or(Value::Null)
+    fed.node_row(0).unwrap_or(Value::Null)
 }
 
 fn serves(node: &Value) -> bool {

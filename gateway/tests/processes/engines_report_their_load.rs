@@ -22,13 +22,7 @@ fn two_slow_slots() -> EngineSimConfig {
 
 /// The gateway's `/status` entry of node `i`.
 fn node_status(fed: &Fed, i: usize) -> Value {
-    let short = fed.nodes[i].id.to_string();
-    let status = fed.gateway.status();
-    status["nodes"]
-        .as_array()
-        .and_then(|nodes| nodes.iter().find(|n| n["short"] == short.as_str()))
-        .cloned()
-        .unwrap_or_else(|| panic!("node {short} is not in /status: {status:#}"))
+    fed.node_row(i).unwrap_or_else(|| panic!("node {i} is not in /status: {:#}", fed.gateway.status()))
 }
 
 fn signal(node: &NodeProc, signal: nix::sys::signal::Signal) {

@@ -12,13 +12,7 @@ use serde_json::Value;
 
 /// The gateway's `/status` row of node `i`.
 fn row(fed: &Fed, i: usize) -> Value {
-    let short = fed.nodes[i].id.to_string();
-    let status = fed.gateway.status();
-    status["nodes"]
-        .as_array()
-        .and_then(|nodes| nodes.iter().find(|n| n["short"] == short.as_str()))
-        .cloned()
-        .unwrap_or_else(|| panic!("node {short} is not in /status: {status:#}"))
+    fed.node_row(i).unwrap_or_else(|| panic!("node {i} is not in /status: {:#}", fed.gateway.status()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,6 +208,13 @@ pub fn gateway_config(dir: &Path) -> GatewayConfig {
 }
 
 impl Fed {
+    /// The gateway's `/status` row of node `i`, if it lists the node.
+    pub fn node_row(&self, i: usize) -> Option<serde_json::Value> {
+        let short = self.nodes[i].id.to_string();
+        let status = self.gateway.status();
+        status["nodes"].as_array().and_then(|nodes| nodes.iter().find(|n| n["short"] == short.as_str())).cloned()
+    }
+
     /// Starts everything and waits until every node is routable at the gateway.
     pub async fn start(options: Options) -> Fed {
         let dir = tempfile::tempdir().expect("tempdir");
