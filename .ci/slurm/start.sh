@@ -9,6 +9,7 @@
 # $TELA_SLURM_RUN/env, which the tests also look for by default):
 #   export TELA_SLURM_ENV=<run dir>/env         this file
 #   export TELA_SLURM_PARTITION=debug           the partition to submit to
+# A second partition, `queued`, has the same node capped at 2 CPUs (for the queue-estimate test).
 #   export TELA_SLURMRESTD_URL=http://127.0.0.1:6820
 #   export TELA_SLURM_REST_USER=root            X-SLURM-USER-NAME
 #   export TELA_SLURM_JWT_FILE=<run dir>/jwt    X-SLURM-USER-TOKEN, one line (renewed on every run)
@@ -125,6 +126,9 @@ MinJobAge=600
 GresTypes=gpu
 NodeName=$H NodeAddr=127.0.0.1 NodeHostname=$H CPUs=$CPUS RealMemory=$MEM $gres_line State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# The same node behind a 2-CPU cap: one 2-CPU job there makes every other job in it wait, so
+# its start estimate is later than debug's (spinning_goes_where_the_queue_starts_soonest).
+PartitionName=queued Nodes=ALL MaxCPUsPerNode=2 MaxTime=INFINITE State=UP
 CONF
 echo "AutoDetect=off" > /etc/slurm/gres.conf.new
 [ "$GPUS" -gt 0 ] && echo "NodeName=$H Name=gpu File=$RUN/fake-gpu/nvidia[0-$((GPUS - 1))]" >> /etc/slurm/gres.conf.new

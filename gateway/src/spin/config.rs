@@ -7,6 +7,7 @@
 //! [spin]
 //! interval = "5s"               # how often demand is looked at (also on every cold start)
 //! max_concurrent_jobs = 8       # live jobs at once, all models together
+//! start_estimate_timeout = "10s" # ask the queue where a job starts soonest ("0s": don't)
 //! budget = { gpu_hours = 200, window = "24h" }
 //!
 //! [spin.backend]
@@ -165,6 +166,9 @@ pub struct SpinSection {
     pub interval: Option<Dur>,
     /// Live jobs at once, all models together (default 8).
     pub max_concurrent_jobs: Option<u32>,
+    /// How long the scheduler may take to estimate a job's start before each submission
+    /// (default 10 s; "0s": do not ask, keep the configured order).
+    pub start_estimate_timeout: Option<Dur>,
     /// GPU-hours the jobs submitted within one window may use.
     pub budget: Option<BudgetSection>,
     /// The batch system's front door.
@@ -293,6 +297,11 @@ pub struct PartitionSection {
     pub fabric: Option<u32>,
     /// Account to charge for jobs here.
     pub account: Option<String>,
+    /// Quality of service for jobs here.
+    pub qos: Option<String>,
+    /// The Slurm partition when it is not `name`: several entries may name one Slurm partition
+    /// with different accounts or QoS, as alternatives the queue chooses between.
+    pub slurm_partition: Option<String>,
     /// CPUs per task for jobs here.
     pub cpus_per_task: Option<u32>,
 }
@@ -450,6 +459,10 @@ pub struct Partition {
     pub nodes: u32,
     /// Account for jobs here.
     pub account: Option<String>,
+    /// Quality of service for jobs here.
+    pub qos: Option<String>,
+    /// The Slurm partition jobs ask for (`name` unless `slurm_partition` says otherwise).
+    pub slurm_partition: String,
     /// CPUs per task for jobs here.
     pub cpus_per_task: Option<u32>,
 }
@@ -484,6 +497,8 @@ impl SpinModel {
 pub struct SpinPlan {
     /// How often demand is looked at.
     pub interval: Duration,
+    /// How long start estimates may take before a submission (zero: none asked).
+    pub start_estimate_timeout: Duration,
     /// Limits over all models.
     pub limits: SpinConfig,
     /// The batch system's front door.
@@ -573,7 +588,18 @@ impl SpinPlan {
         // The core's own checks, for anything the ones above do not cover.
         Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
             .map_err(|e| invalid("spin.model", e.to_string()))?;
-        Ok(SpinPlan { interval, limits, backend, job, cold_start_capacity, cold_start_timeout, partitions, models })
+        let start_estimate_timeout = section.start_estimate_timeout.map_or(Duration::from_secs(10), |d| d.0);
+        Ok(SpinPlan {
+            interval,
+            start_estimate_timeout,
+            limits,
+            backend,
+            job,
+            cold_start_capacity,
+            cold_start_timeout,
+            partitions,
+            models,
+        })
     }
 
     /// The model named `name`.
@@ -613,6 +639,14 @@ impl SpinPlan {
         if let Some(b) = self.limits.budget {
             out.push_str(&format!(", {} GPU-hours per {}", b.gpu_hours, humantime::format_duration(b.window)));
         }
+        if self.start_estimate_timeout.is_zero() {
+            out.push_str("; partitions tried in configured order (no start estimates)");
+        } else {
+            out.push_str(&format!(
+                "; each job goes where the queue starts it soonest (estimates within {})",
+                humantime::format_duration(self.start_estimate_timeout)
+            ));
+        }
         out.push_str(&format!(
             "\ncold start: up to {} requests per model wait up to {}\njobs run {} and join {}\n\npartitions:\n",
             self.cold_start_capacity,
@@ -625,7 +659,15 @@ impl SpinPlan {
                 GpuModel::None => "no GPU".to_string(),
                 _ => format!("{} x {:?}, {} MiB each", p.hardware.gpu_count, p.hardware.gpu, p.hardware.vram_mib),
             };
-            out.push_str(&format!("  {:<16} {:<12} {gpus}; at most {} node(s)\n", p.name, p.profile, p.nodes));
+            let mut slurm = Vec::new();
+            if p.slurm_partition != p.name {
+                slurm.push(format!("Slurm partition {}", p.slurm_partition));
+            }
+            if let Some(q) = &p.qos {
+                slurm.push(format!("QoS {q}"));
+            }
+            let slurm = if slurm.is_empty() { String::new() } else { format!(" ({})", slurm.join(", ")) };
+            out.push_str(&format!("  {:<16} {:<12} {gpus}; at most {} node(s){slurm}\n", p.name, p.profile, p.nodes));
         }
         out.push_str("\nmodels (where one replica goes with every partition free):\n");
         for (m, planned) in self.models.iter().zip(self.placements()) {
@@ -918,6 +960,14 @@ fn resolve_partition(p: &PartitionSection) -> Result<Partition, ConfigError> {
     if p.cpus_per_task == Some(0) {
         return Err(invalid(key("cpus_per_task"), "must be at least 1"));
     }
+    for (field, value) in [("qos", &p.qos), ("slurm_partition", &p.slurm_partition)] {
+        if value.as_ref().is_some_and(|v| v.trim().is_empty() || v.contains(char::is_whitespace)) {
+            return Err(invalid(
+                key(field),
+                "must be a Slurm name (not empty, no spaces); leave it out for the default",
+            ));
+        }
+    }
     hardware.fabric = FabricId(p.fabric.unwrap_or(0));
     Ok(Partition {
         name: p.name.clone(),
@@ -925,6 +975,8 @@ fn resolve_partition(p: &PartitionSection) -> Result<Partition, ConfigError> {
         hardware,
         nodes: p.nodes,
         account: p.account.clone(),
+        qos: p.qos.clone(),
+        slurm_partition: p.slurm_partition.clone().unwrap_or_else(|| p.name.clone()),
         cpus_per_task: p.cpus_per_task,
     })
 }
@@ -1120,7 +1172,10 @@ engine = "serve --port {port}"
         );
         let text = plan.describe();
         assert!(text.contains("llama-3.1-70b") && text.contains("gpu-a100: 1 node(s) x TP 4"), "{text}");
-        assert_eq!(plan.model("llama-3.1-8b").map(|m| m.policy.shapes.len()), Some(2));
+        assert_eq!(plan.model("llama-3.1-8b").map(|m| m.policy.shapes.len()), Some(3));
+        let low = plan.partition("gpu-a100-low").expect("the QoS alternative");
+        assert_eq!((low.slurm_partition.as_str(), low.qos.as_deref()), ("gpu-a100", Some("low")));
+        assert_eq!(plan.start_estimate_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -1144,6 +1199,8 @@ engine = "serve --port {port}"
             (m.replace("shape = \"a100-80x4\"", "shape = \"tpu-v5\""), "spin.partition[gpu].shape", "unknown hardware profile"),
             (m.replace("shape = \"a100-80x4\"", "gpu = \"b300\"\ngpus = 8"), "spin.partition[gpu].gpu", "unknown GPU"),
             (m.replace("nodes = 2", "nodes = 0"), "spin.partition[gpu].nodes", "at least 1"),
+            (m.replace("nodes = 2", "nodes = 2\nqos = \"\""), "spin.partition[gpu].qos", "must be a Slurm name"),
+            (m.replace("nodes = 2", "nodes = 2\nslurm_partition = \"a b\""), "spin.partition[gpu].slurm_partition", "must be a Slurm name"),
             (format!("{m}min_replicas = 3\nmax_replicas = 2\n"), "spin.model[small].min_replicas", "above max_replicas 2"),
             (format!("{m}walltime = \"0s\"\n"), "spin.model[small].walltime", "longer than zero"),
             (format!("{m}cooldown = \"soon\"\n"), "cooldown", "not a duration"),

@@ -3,7 +3,8 @@
 //! model's engine command, names the node in the job's comment, and passes the drain signal on.
 //!
 //! The gateway fills the template from its plan: `[spin.job]` (binary, join addresses, secret
-//! file, working directory, account, CPUs, environment), the partition (name, account, CPUs)
+//! file, working directory, account, CPUs, environment), the partition (Slurm partition, account,
+//! QoS, CPUs)
 //! and the model (engine command, drain window). Each job also gets `TELA_TRANSPORT`,
 //! `TELA_MODELS` (the node announces the model under the name clients use, whatever the
 //! engine calls it) and `TELA_HARDWARE_PROFILE` (the partition's shape, for nodes where no GPU
@@ -32,8 +33,9 @@ pub fn render(
         model.engine.clone(),
     );
     template.drain_window = model.drain_window;
-    template.partition = Some(partition.name.clone());
+    template.partition = Some(partition.slurm_partition.clone());
     template.account = partition.account.clone().or_else(|| settings.account.clone());
+    template.qos = partition.qos.clone();
     template.cpus_per_task = partition.cpus_per_task.unwrap_or(settings.cpus_per_task);
     template.working_dir = settings.working_dir.clone();
     template.environment = vec![

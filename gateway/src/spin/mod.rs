@@ -6,13 +6,15 @@
 //! - [`cold_start`]: requests for a spinnable model with no usable replica wait there.
 //! - [`demand`]: in-flight requests, arrivals and time to first byte per spinnable model.
 //! - [`backend`]: the [`BatchSystem`] a plan's `[spin.backend]` names.
+//! - [`queue`]: before each submission, where the scheduler would start the job soonest.
 //!
 //! The **spin task** (`start`) decides every `interval`, and at once when a request starts
 //! waiting: it asks the batch system about its jobs ([`BatchSystem::jobs`]; a job's node comes
 //! from its comment), builds a [`SpinView`] — demand per model, the registry's replicas of
 //! spinnable models with this gateway's in-flight counts, its jobs, the partitions' free nodes —
-//! calls the core's [`Spinner::decide`] and executes the commands: `Submit` renders the job
-//! ([`job::render`]) and submits it, `Cancel` cancels, `Drain` sends the drain signal to the
+//! calls the core's [`Spinner::decide`] and executes the commands: `Submit` asks the batch system
+//! when the job would start in each partition that could take it, moves it to the soonest
+//! ([`queue`], within `start_estimate_timeout`), renders the job ([`job::render`]) and submits it, `Cancel` cancels, `Drain` sends the drain signal to the
 //! node's job. A failing batch call is logged and counted (`tela_gateway_spin_batch_errors_total`)
 //! and the task carries on; a job whose submission failed counts as ended, so the spinner may
 //! try again — after a pause that doubles with each failed submission in a row (up to a
@@ -26,12 +28,14 @@ pub mod cold_start;
 pub mod config;
 pub mod demand;
 pub mod job;
+pub mod queue;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
+use tela_core::placement::Placement;
 use tela_core::spin::{Blocked, JobStatus, ReplicaStatus};
 use tela_core::{Demand, JobId, Lifecycle, NodeId, SpinCommand, SpinView, Spinner};
 use tela_runtime::batch::{BatchJobId, BatchState, BatchSystem, JobSignal};
@@ -91,6 +95,8 @@ struct Report {
     budget_used_gpu_secs: u64,
     last_error: Option<String>,
     decisions: u64,
+    /// The last placement choice per model.
+    choices: BTreeMap<String, queue::Choice>,
 }
 
 /// What request handlers and `/status` share with the spin task.
@@ -139,6 +145,7 @@ impl SpinShared {
                     "in_flight": measured.in_flight,
                     "arrivals_per_min": measured.arrivals_per_min,
                     "p95_ttfb_ms": measured.p95_ttfb.map(|d| d.as_millis() as u64),
+                    "last_choice": report.choices.get(m).map(queue::Choice::json),
                 })
             })
             .collect();
@@ -450,10 +457,58 @@ impl SpinTask {
         view
     }
 
+    /// Where `model`'s job on `placement` starts soonest: asks the batch system about every
+    /// candidate partition (bounded by `start_estimate_timeout`), records and logs the choice,
+    /// and returns the placement moved there. See [`queue`].
+    async fn choose_partition(&mut self, model: &str, placement: Placement, walltime: Duration) -> Placement {
+        let timeout = self.plan.start_estimate_timeout;
+        if timeout.is_zero() {
+            return placement;
+        }
+        let free = |name: &str| {
+            let used: u32 = self.jobs.values().filter(|j| j.partition == name).map(|j| j.nodes).sum();
+            self.plan.partition(name).map_or(0, |p| p.nodes.saturating_sub(used))
+        };
+        let partitions = queue::candidates(&self.plan, model, &placement, free);
+        if partitions.is_empty() {
+            return placement;
+        }
+        let asked_at = SystemTime::now();
+        let candidates =
+            queue::estimate(self.batch.as_ref(), &self.plan, model, &placement, walltime, &partitions, timeout).await;
+        let fallback = candidates.iter().position(|c| c.partition == placement.shape_name).unwrap_or(0);
+        let index = queue::choose(&candidates, fallback);
+        let failed: Vec<String> = candidates
+            .iter()
+            .filter_map(|c| match &c.estimate {
+                queue::Estimate::Failed(e) => Some(format!("{}: {e}", c.partition)),
+                _ => None,
+            })
+            .collect();
+        if !failed.is_empty() {
+            tracing::warn!(model, "spinning: no start estimate for '{model}' from {}", failed.join("; "));
+        }
+        let partition = partitions[index];
+        let choice = queue::Choice {
+            partition: partition.name.clone(),
+            estimated_start: match candidates[index].estimate {
+                queue::Estimate::At(t) => Some(t),
+                _ => None,
+            },
+            asked_at,
+            candidates,
+        };
+        tracing::info!(model, "placing '{model}' on {}", choice.summary());
+        let moved = queue::moved(&placement, &self.plan, partition);
+        self.spin.report.lock().unwrap_or_else(PoisonError::into_inner).choices.insert(model.to_string(), choice);
+        moved
+    }
+
     /// Executes one command; `false` when a submission failed.
     async fn execute(&mut self, command: SpinCommand) -> bool {
         match command {
             SpinCommand::Submit { job, model, placement, walltime } => {
+                let placement = self.choose_partition(&model, placement, walltime).await;
                 let Some(spec) = self.plan.model(&model) else { return true };
                 let Some(partition) = self.plan.partition(&placement.shape_name) else { return true };
                 let request = match job::render(&self.plan.job, partition, spec, &placement, walltime) {

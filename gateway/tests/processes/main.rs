@@ -50,6 +50,7 @@ mod real_engine_llama_cpp;
 mod sigusr1_drains_open_streams;
 mod slurm_rest;
 mod slurm_sbatch;
+mod spinning_goes_where_the_queue_starts_soonest;
 mod spinning_on_local_slurm;
 mod spinning_starts_nodes_on_demand;
 mod spinning_through_firecrest;

@@ -14,6 +14,10 @@
 //! the batch script writes `tela-node=<node id>` into it once the node's identity exists, and
 //! [`BatchJob::node`] parses it back, so the Slurm backends can report it (FirecREST v2's job
 //! answer carries no comment).
+//!
+//! Before submitting, the spinner may ask [`BatchSystem::estimate_start`] where a job would
+//! start soonest: the command-line backend answers with `sbatch --test-only`; the REST backends
+//! answer "unknown" (slurmrestd v0.0.38 and FirecREST v2 offer no will-run call).
 
 pub mod firecrest;
 mod http;
@@ -24,7 +28,7 @@ pub mod template;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tela_core::NodeId;
 
@@ -57,6 +61,8 @@ pub struct JobRequest {
     pub partition: Option<String>,
     /// Account to charge, if any.
     pub account: Option<String>,
+    /// Quality of service, if not the account's default.
+    pub qos: Option<String>,
     /// Nodes.
     pub nodes: u32,
     /// GPUs per node (0: none asked for).
@@ -173,6 +179,14 @@ pub trait BatchSystem: Send + Sync {
 
     /// Sends a signal to the job's batch shell.
     fn signal(&self, id: BatchJobId, signal: JobSignal) -> BatchFuture<'_, ()>;
+
+    /// When the scheduler expects `job` to start were it submitted now, without submitting it;
+    /// `None` when this front door cannot tell (the default: slurmrestd v0.0.38 and FirecREST v2
+    /// have no will-run endpoint), and the spinner then keeps its configured order.
+    fn estimate_start<'a>(&'a self, job: &'a JobRequest) -> BatchFuture<'a, Option<SystemTime>> {
+        let _ = job;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 #[cfg(test)]

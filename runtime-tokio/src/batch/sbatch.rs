@@ -12,6 +12,10 @@
 //!   last so that it may contain the separator. `squeue --json` is not used: Slurm 22.05 ignores
 //!   `-j` with it. Jobs that ended longer ago than the controller's `MinJobAge` are no longer
 //!   listed and are reported [`BatchState::Ended`].
+//! - **estimate_start**: `sbatch --test-only` with the same script and options as `submit`
+//!   (nothing is queued); Slurm answers on stderr `Job N to start at 2026-12-03T21:20:00 using 1
+//!   processors on nodes n1 in partition debug`. It runs with `TZ=UTC` and
+//!   `SLURM_TIME_FORMAT=standard`, so that the time is read back without guessing a zone.
 //! - **cancel**: `scancel <id>` (silent and successful for a job that already ended).
 //! - **signal**: `scancel --batch --signal=USR1 <id>`: the batch shell alone gets the signal, as
 //!   with `--signal=B:`; the job template's trap passes it to `tela node`.
@@ -32,7 +36,7 @@ use super::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchState, BatchSyst
 use crate::walltime::parse_slurm_duration;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
@@ -104,6 +108,14 @@ impl Sbatch {
         args.extend(resource_args(job));
         args.push(format!("--chdir={}", job.working_dir));
         args.push("--export=ALL".into());
+        Ok(args)
+    }
+
+    /// The arguments `sbatch --test-only` gets for `job`: those of [`Sbatch::submit_args`]
+    /// without `--parsable`.
+    pub fn test_only_args(&self, job: &JobRequest) -> Result<Vec<String>, BatchError> {
+        let mut args: Vec<String> = self.submit_args(job)?.into_iter().filter(|a| a != "--parsable").collect();
+        args.push("--test-only".into());
         Ok(args)
     }
 
@@ -185,6 +197,22 @@ impl BatchSystem for Sbatch {
         })
     }
 
+    fn estimate_start<'a>(&'a self, job: &'a JobRequest) -> BatchFuture<'a, Option<SystemTime>> {
+        Box::pin(async move {
+            let args = self.test_only_args(job)?;
+            // The answer is in local time without a zone: make that zone UTC, in ISO form.
+            let mut env: Vec<(String, String)> =
+                self.environment(job).filter(|(k, _)| k != "TZ" && k != "SLURM_TIME_FORMAT").collect();
+            env.push(("TZ".into(), "UTC".into()));
+            env.push(("SLURM_TIME_FORMAT".into(), "standard".into()));
+            let output = self.run(&self.config.sbatch, &args, Some(&job.script), Some(env)).await?;
+            if !output.success {
+                return Err(output.refused());
+            }
+            parse_test_only(&format!("{}\n{}", output.stderr, output.stdout)).map(Some)
+        })
+    }
+
     fn jobs<'a>(&'a self, ids: &'a [BatchJobId]) -> BatchFuture<'a, Vec<BatchJob>> {
         Box::pin(async move {
             if ids.is_empty() {
@@ -243,11 +271,15 @@ fn gone(stderr: &str) -> bool {
     stderr.contains("Invalid job id specified") || stderr.contains("already completing or completed")
 }
 
-/// The options that ask for `job`'s resources, time limit and walltime warning (`--nodes`,
+/// The options that ask for `job`'s QoS, resources, time limit and walltime warning (`--qos`, `--nodes`,
 /// `--gres`, `--time`, `--signal=B:USR1@<drain>`, ...): `sbatch` arguments here, `#SBATCH`
 /// lines where a front door takes only a script (FirecREST).
 pub fn resource_args(job: &JobRequest) -> Vec<String> {
-    let mut args = vec![format!("--nodes={}", job.nodes), "--ntasks-per-node=1".into()];
+    let mut args = Vec::new();
+    if let Some(q) = &job.qos {
+        args.push(format!("--qos={q}"));
+    }
+    args.extend([format!("--nodes={}", job.nodes), "--ntasks-per-node=1".into()]);
     if job.gpus_per_node > 0 {
         args.push(format!("--gres=gpu:{}", job.gpus_per_node));
     }
@@ -307,6 +339,18 @@ pub fn parse_parsable(stdout: &str) -> Result<BatchJobId, BatchError> {
         backend: BACKEND,
         detail: format!("sbatch --parsable printed '{}', not a job id", stdout.trim()),
     })
+}
+
+/// Reads `sbatch --test-only`'s answer (`sbatch: Job 5 to start at 2026-12-03T21:20:00 using 1
+/// processors on nodes n1 in partition debug`), the time being UTC.
+pub fn parse_test_only(text: &str) -> Result<SystemTime, BatchError> {
+    let protocol = |detail: String| BatchError::Protocol { backend: BACKEND, detail };
+    let Some((_, after)) = text.split_once(" to start at ") else {
+        return Err(protocol(format!("sbatch --test-only printed no start time: '{}'", text.trim())));
+    };
+    let stamp = after.split_whitespace().next().unwrap_or("");
+    humantime::parse_rfc3339_weak(stamp)
+        .map_err(|e| protocol(format!("sbatch --test-only printed a start time '{stamp}' that is not one ({e})")))
 }
 
 /// Reads `squeue --noheader --format` [`SQUEUE_FORMAT`] output. Lines that are not job records
@@ -445,6 +489,7 @@ mod tests {
             script: "#!/bin/bash\ntrue\n".into(),
             partition: Some("gpu".into()),
             account: Some("proj1".into()),
+            qos: None,
             nodes: 2,
             gpus_per_node: 4,
             cpus_per_task: 16,
@@ -485,6 +530,36 @@ mod tests {
         assert!(!args
             .iter()
             .any(|a| a.starts_with("--gres") || a.starts_with("--partition") || a.starts_with("--signal")));
+        let mut low = request();
+        low.qos = Some("low".into());
+        assert!(s.submit_args(&low).expect("valid").contains(&"--qos=low".to_string()));
+        assert!(s.test_only_args(&low).expect("valid").contains(&"--qos=low".to_string()));
+    }
+
+    #[test]
+    fn test_only_asks_with_the_same_options_without_queueing() {
+        let s = Sbatch::new(SbatchConfig::default());
+        let submit = s.submit_args(&request()).expect("valid");
+        let test = s.test_only_args(&request()).expect("valid");
+        assert!(!test.contains(&"--parsable".to_string()));
+        assert_eq!(test.last().map(String::as_str), Some("--test-only"));
+        assert_eq!(
+            &test[..test.len() - 1],
+            &submit.iter().filter(|a| *a != "--parsable").cloned().collect::<Vec<_>>()[..]
+        );
+    }
+
+    #[test]
+    fn the_estimated_start_is_read_from_test_only() {
+        let said = "sbatch: Job 17 to start at 2026-12-03T21:20:05 using 1 processors on nodes n1 in partition debug\n";
+        let at = parse_test_only(said).expect("a start time");
+        assert_eq!(at, humantime::parse_rfc3339("2026-12-03T21:20:05Z").expect("time"));
+        // Whatever else sbatch prints before it (warnings) does not matter.
+        let noisy = format!("sbatch: warning: something\n{said}");
+        assert_eq!(parse_test_only(&noisy).expect("a start time"), at);
+        for bad in ["", "sbatch: error: Batch job submission failed", "Job 3 to start at soon using 1 processors"] {
+            assert!(matches!(parse_test_only(bad), Err(BatchError::Protocol { .. })), "{bad}");
+        }
     }
 
     #[test]

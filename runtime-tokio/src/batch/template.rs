@@ -99,6 +99,8 @@ pub struct JobTemplate {
     pub partition: Option<String>,
     /// Account to charge.
     pub account: Option<String>,
+    /// Quality of service.
+    pub qos: Option<String>,
     /// CPUs per node.
     pub cpus_per_task: u32,
     /// The jobs' working directory (their output files land there).
@@ -166,6 +168,7 @@ impl JobTemplate {
             drain_window: Duration::from_secs(15 * 60),
             partition: None,
             account: None,
+            qos: None,
             cpus_per_task: 8,
             working_dir: "/tmp".into(),
             environment: Vec::new(),
@@ -205,6 +208,7 @@ impl JobTemplate {
             script: self.script(model, placement, &engine, &job_env),
             partition: self.partition.clone(),
             account: self.account.clone(),
+            qos: self.qos.clone(),
             nodes: placement.pipeline_stages.max(1),
             gpus_per_node,
             cpus_per_task: self.cpus_per_task.max(1),

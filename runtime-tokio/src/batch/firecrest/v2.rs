@@ -206,6 +206,7 @@ mod tests {
             script: "#!/bin/bash\nset -eu\necho hi\n".into(),
             partition: Some("debug".into()),
             account: None,
+            qos: None,
             nodes: 1,
             gpus_per_node: 2,
             cpus_per_task: 4,

@@ -42,6 +42,9 @@ pub struct JobProperties<'a> {
     /// Account.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<&'a str>,
+    /// Quality of service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos: Option<&'a str>,
     /// `[min, max]` nodes.
     pub nodes: [u32; 2],
     /// Tasks in all (one per node).
@@ -74,6 +77,7 @@ impl<'a> SubmitRequest<'a> {
                 name: &job.name,
                 partition: job.partition.as_deref(),
                 account: job.account.as_deref(),
+                qos: job.qos.as_deref(),
                 nodes: [job.nodes, job.nodes],
                 tasks: job.nodes,
                 tasks_per_node: 1,
@@ -227,6 +231,7 @@ mod tests {
             script: "#!/bin/bash\ntrue\n".into(),
             partition: Some("gpu".into()),
             account: None,
+            qos: None,
             nodes: 2,
             gpus_per_node: 4,
             cpus_per_task: 8,
