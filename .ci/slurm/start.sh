@@ -228,14 +228,15 @@ fi
 # Wait for the node to take jobs; clear a DRAIN/DOWN left over in recovered state.
 ready=0
 for i in $(seq 300); do
-  st=$(sinfo -h -N -n "$H" -o %t 2>/dev/null || true)
+  # One line per partition the node is in: the node's state is the same on each.
+  st=$(sinfo -h -N -n "$H" -o %t 2>/dev/null | head -n 1 || true)
   case "$st" in
     idle|mix|alloc|comp) ready=1; break ;;
     *drain*|*drng*|down*|inval*) [ $((i % 10)) = 0 ] && { scontrol update nodename="$H" state=resume 2>/dev/null || true; } ;;
   esac
   sleep 0.1
 done
-[ "$ready" = 1 ] || die "node $H not ready (state: ${st:-?}, reason: $(sinfo -h -N -n "$H" -o %E))"
+[ "$ready" = 1 ] || die "node $H not ready (state: ${st:-?}, reason: $(sinfo -h -N -n "$H" -o %E | head -n 1))"
 # slurmctld's first main scheduling pass comes ~3 s after it starts; wait for it so that the
 # first job starts within a second (batch_sched_delay=0, one-second scheduler ticks after that).
 for _ in $(seq 100); do
