@@ -721,7 +721,7 @@ impl Node {
         true
     }
 
-    /// Re-arms a sleeping gossip round at the next point of the round grid once it has work
+    /// Re-arms a sleeping gossip round at the next point of the round grid after now once it has work
     /// again, so that skipping idle rounds moves no round that has work. Called after every
     /// input.
     fn wake_gossip(&mut self) {
@@ -733,7 +733,9 @@ impl Node {
             return;
         }
         let step = u64::try_from(st.settings.gossip_interval.as_micros()).unwrap_or(u64::MAX).max(1);
-        let behind = self.now.as_micros().saturating_sub(st.next_round.as_micros());
+        // The first grid point strictly after now: a round due at this very instant was skipped
+        // as idle, and a wake at `now` would be a timer that has already passed.
+        let behind = (self.now.as_micros() + 1).saturating_sub(st.next_round.as_micros());
         let at = Time(st.next_round.as_micros().saturating_add(behind.div_ceil(step).saturating_mul(step)));
         self.membership.next_round = at;
         self.timers.set(Timer::Gossip, at);
