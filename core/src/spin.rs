@@ -37,6 +37,12 @@
 //!   action. Then supply drops to the most replicas needed at any moment of that period. Jobs not
 //!   serving yet are cancelled first (newest first), then serving nodes are drained, the least
 //!   busy first, gracefully: their in-flight requests finish.
+//! - **Batch backlog** ([`Demand::batch_replicas`]) is low-priority demand: it raises the
+//!   replicas wanted (within `max_replicas`) and holds them from scale-down while it lasts, but
+//!   its shortfalls are granted only after every interactive one, and a job submitted when
+//!   interactive demand alone is covered is a batch job: [`SpinCommand::Submit::batch`], with
+//!   [`ModelPolicy::batch_walltime`]. Such replicas are released like any other once the
+//!   backlog and the other demand are gone.
 //! - **Budgets** bound what is submitted: at most `max_concurrent_jobs` live jobs (queued,
 //!   running or draining) and, per sliding `window`, at most `gpu_hours` GPU-hours. A job's
 //!   GPU-hours count against the window of its submission: GPUs × walltime while it is live (the
@@ -97,12 +103,17 @@ pub struct Demand {
     pub arrivals_per_min: u32,
     /// 95th percentile of time to first byte over the runtime's window, if measured.
     pub p95_latency: Option<Duration>,
+    /// Replicas a backlog of low-priority work (the gateway's batch API) justifies beyond the
+    /// requests above, as the runtime sized and capped it. Low priority: it is granted after
+    /// every interactive shortfall, and jobs submitted only for it are marked
+    /// [`SpinCommand::Submit::batch`] and use [`ModelPolicy::batch_walltime`].
+    pub batch_replicas: u32,
 }
 
 impl Demand {
     /// Whether nothing is waiting, running or arriving.
     pub fn is_idle(&self) -> bool {
-        self.queued == 0 && self.in_flight == 0 && self.arrivals_per_min == 0
+        self.queued == 0 && self.in_flight == 0 && self.arrivals_per_min == 0 && self.batch_replicas == 0
     }
 }
 
@@ -178,6 +189,9 @@ pub enum SpinCommand {
         placement: Placement,
         /// The job's time limit; the node drains before it.
         walltime: Duration,
+        /// Submitted for low-priority backlog only ([`Demand::batch_replicas`]): a short,
+        /// backfill-friendly job.
+        batch: bool,
     },
     /// Cancel a job that is not serving yet.
     Cancel {
@@ -362,16 +376,22 @@ impl Spinner {
             if latency_high && serving > 0 {
                 up = up.max(serving + 1);
             }
-            let up = clamp(up);
-            let keep =
-                clamp(if latency_high { supply } else { policy.replicas_for(&demand, policy.scale_down_percent) });
+            // Replicas interactive demand alone wants; the batch backlog may add low-priority ones.
+            let interactive = clamp(up);
+            let up = clamp(up.max(demand.batch_replicas));
+            let keep = clamp(
+                if latency_high { supply } else { policy.replicas_for(&demand, policy.scale_down_percent) }
+                    .max(demand.batch_replicas),
+            );
             state.status = ModelStatus { wanted: up, supply, blocked: None };
 
             let cooled = cooled(state.last_action, now, policy.cooldown);
             if up > supply {
                 state.low = None;
                 if cooled || supply == 0 {
-                    shortfalls.push((supply > 0, Reverse(up - supply), name.clone()));
+                    // Interactive shortfalls first; what only the backlog wants comes last.
+                    let batch_only = interactive <= supply;
+                    shortfalls.push((batch_only, supply > 0, Reverse(up - supply), name.clone()));
                 } else {
                     state.status.blocked = Some(Blocked::Cooldown);
                 }
@@ -399,8 +419,8 @@ impl Spinner {
         // Budgets go to models without any replica first, then to the largest shortfalls.
         shortfalls.sort();
         let mut shapes = view.shapes.clone();
-        for (_, Reverse(missing), name) in shortfalls {
-            self.submit(now, &name, missing, &mut shapes, &mut commands);
+        for (batch, _, Reverse(missing), name) in shortfalls {
+            self.submit(now, &name, missing, batch, &mut shapes, &mut commands);
         }
         commands
     }
@@ -428,10 +448,20 @@ impl Spinner {
         }
     }
 
-    /// Submits up to `missing` jobs for `name`, within the caps.
-    fn submit(&mut self, now: Time, name: &str, missing: u32, shapes: &mut [NodeShape], out: &mut Vec<SpinCommand>) {
+    /// Submits up to `missing` jobs for `name`, within the caps; `batch`: for the backlog only.
+    fn submit(
+        &mut self,
+        now: Time,
+        name: &str,
+        missing: u32,
+        batch: bool,
+        shapes: &mut [NodeShape],
+        out: &mut Vec<SpinCommand>,
+    ) {
         let Some(state) = self.models.get(name) else { return };
-        let (spec, walltime) = (state.policy.spec.clone(), state.policy.walltime);
+        let walltime =
+            if batch { state.policy.batch_walltime.unwrap_or(state.policy.walltime) } else { state.policy.walltime };
+        let spec = state.policy.spec.clone();
         // The shapes the model may use, in its order of preference, as indices into `shapes`.
         let allowed: Vec<usize> = if state.policy.shapes.is_empty() {
             (0..shapes.len()).collect()
@@ -479,7 +509,7 @@ impl Spinner {
                     released: false,
                 },
             );
-            out.push(SpinCommand::Submit { job, model: name.to_string(), placement, walltime });
+            out.push(SpinCommand::Submit { job, model: name.to_string(), placement, walltime, batch });
             self.stats.submits += 1;
             submitted += 1;
         }
@@ -667,7 +697,7 @@ mod tests {
             let now = self.now;
             for c in commands {
                 match &c {
-                    SpinCommand::Submit { job, model, placement, walltime } => {
+                    SpinCommand::Submit { job, model, placement, walltime, .. } => {
                         let start = now + self.queue_wait;
                         let sim = SimJob {
                             model: model.clone(),
@@ -804,6 +834,50 @@ mod tests {
         assert_eq!(s.status("small").map(|st| (st.wanted, st.supply)), Some((6, 5)));
         assert_eq!(s.status("small").and_then(|st| st.blocked.clone()), Some(Blocked::Cooldown));
         assert_eq!(s.decide(w.now + 2 * MIN, &view).len(), 1);
+    }
+
+    #[test]
+    fn a_batch_backlog_spins_short_jobs_after_interactive_demand_and_holds_them_while_it_lasts() {
+        let short = ModelPolicy { batch_walltime: Some(MIN * 30), ..policy(small()) };
+        let mut s = Spinner::new(SpinConfig::default(), vec![short.clone(), policy(big())]).unwrap();
+        let w = World::new();
+        // Interactive demand for `big` and a backlog for `small`: both get their replicas, the
+        // backlog's as short batch jobs submitted after the interactive ones.
+        let view = w.view(&[
+            ("small", Demand { batch_replicas: 2, ..Demand::default() }),
+            ("big", Demand { queued: 1, ..Demand::default() }),
+        ]);
+        let commands = s.decide(w.now, &view);
+        let submits: Vec<(&str, Duration, bool)> = commands
+            .iter()
+            .filter_map(|c| match c {
+                SpinCommand::Submit { model, walltime, batch, .. } => Some((model.as_str(), *walltime, *batch)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(submits, [("big", HOUR * 4, false), ("small", MIN * 30, true), ("small", MIN * 30, true)]);
+        // Interactive demand on top of the backlog: the job is an ordinary one.
+        let mut s = Spinner::new(SpinConfig::default(), vec![short]).unwrap();
+        let view = w.view(&[("small", Demand { queued: 1, batch_replicas: 1, ..Demand::default() })]);
+        let commands = s.decide(w.now, &view);
+        assert!(matches!(commands.as_slice(), [SpinCommand::Submit { batch: false, .. }]), "{commands:?}");
+    }
+
+    #[test]
+    fn replicas_wanted_by_a_backlog_are_kept_until_it_is_gone() {
+        let mut s = Spinner::new(SpinConfig::default(), vec![policy(small())]).unwrap();
+        let mut w = World::new();
+        let gone_at = Time::from_secs(3600);
+        run(&mut s, &mut w, Time::from_secs(2 * 3600), Duration::from_secs(30), |now| {
+            vec![("small", Demand { batch_replicas: u32::from(now < gone_at), ..Demand::default() })]
+        });
+        assert_eq!(w.submits("small"), 1);
+        let releases = w.releases();
+        assert_eq!(releases.len(), 1, "{:?}", w.log);
+        assert!(
+            releases[0] >= gone_at + Duration::from_secs(15 * 60),
+            "released while the backlog lasted: {releases:?}"
+        );
     }
 
     #[test]
@@ -1091,7 +1165,13 @@ mod tests {
 
     fn arb_demand() -> impl Strategy<Value = Demand> {
         (0u32..120, 0u32..120, 0u32..600, proptest::option::of(0u64..10)).prop_map(|(queued, in_flight, rate, lat)| {
-            Demand { queued, in_flight, arrivals_per_min: rate, p95_latency: lat.map(Duration::from_secs) }
+            Demand {
+                queued,
+                in_flight,
+                arrivals_per_min: rate,
+                p95_latency: lat.map(Duration::from_secs),
+                batch_replicas: 0,
+            }
         })
     }
 
@@ -1100,6 +1180,7 @@ mod tests {
             move |(min, extra, conc, rate, wall_h, cool_min, down_min, pct)| ModelPolicy {
                 spec: spec.clone(),
                 walltime: HOUR * wall_h as u32,
+                batch_walltime: None,
                 min_replicas: min,
                 max_replicas: min + extra,
                 concurrency_per_replica: conc,

@@ -23,6 +23,7 @@
 //! | `budget_tokens` | `N/day`, `N/week` or `N/month` (UTC calendar periods), interactive and batch tokens together | no budget |
 //! | `batch_tpm` | tokens per minute of the key's batches, paced, apart from `tpm` | no limit |
 //! | `batch_budget_tokens` | like `budget_tokens`, for the key's batch tokens alone | no budget |
+//! | `batch_gpu_hours` | `N/day`, `N/week` or `N/month`: GPU-hours of the jobs the spinner starts for the key's batch backlog ([`crate::spin::batch_demand`]); once spent, the key's backlog no longer starts jobs (its batches still run on nodes that serve) | no budget |
 //! | `overflow` | `yes`: when the federation cannot take a request, it may go to an outside provider of the gateway's `[[overflow]]` sections ([`crate::overflow`]), charged to this key; `no` | `no` |
 //!
 //! The limits are enforced by [`crate::limits`]. Numbers are positive whole numbers. A value
@@ -65,7 +66,7 @@ use sha2::{Digest, Sha256};
 use tela_runtime::snapshot::SnapshotCell;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::limits::{Budget, KeyCounters, KeyGuard, KeyLimits, Now, Period, RateHeaders, Refusal};
+use crate::limits::{Budget, GpuHours, KeyCounters, KeyGuard, KeyLimits, Now, Period, RateHeaders, Refusal};
 
 /// How often the key file is checked for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
@@ -82,6 +83,7 @@ pub const FIELDS: &[&str] = &[
     "budget_tokens",
     "batch_tpm",
     "batch_budget_tokens",
+    "batch_gpu_hours",
     "overflow",
 ];
 
@@ -282,6 +284,13 @@ impl KeyEntry {
                 }
                 "batch_tpm" => {
                     entry.limits.batch_tokens_per_minute = Some(positive(value).ok_or_else(|| bad(NUMBER))?);
+                }
+                "batch_gpu_hours" => {
+                    let hours = value
+                        .split_once('/')
+                        .and_then(|(n, p)| Some(GpuHours { hours: positive(n)?, period: Period::parse(p)? }))
+                        .ok_or_else(|| bad("expected <GPU-hours>/<day|week|month>, e.g. 100/week"))?;
+                    entry.limits.batch_gpu_hours = Some(hours);
                 }
                 _ => {
                     let budget = value
@@ -697,6 +706,11 @@ pub struct HashKeyArgs {
     #[arg(long, value_name = "N/day|week|month")]
     pub batch_budget_tokens: Option<String>,
 
+    /// GPU-hours per UTC calendar day, week or month of the jobs the spinner starts for the
+    /// key's batch backlog; once spent, its backlog starts no more jobs [default: no budget].
+    #[arg(long, value_name = "N/day|week|month")]
+    pub batch_gpu_hours: Option<String>,
+
     /// When the federation cannot take a request (no node serves the model, or every one is
     /// saturated), it may go to an outside provider of the gateway's `[[overflow]]` sections,
     /// charged to this key [default: never].
@@ -718,6 +732,7 @@ impl HashKeyArgs {
             ("budget_tokens", &self.budget_tokens),
             ("batch_tpm", &self.batch_tpm),
             ("batch_budget_tokens", &self.batch_budget_tokens),
+            ("batch_gpu_hours", &self.batch_gpu_hours),
         ];
         let mut fields: Vec<(&'static str, String)> =
             options.into_iter().filter_map(|(field, value)| Some((field, value.clone()?))).collect();
@@ -800,7 +815,7 @@ mod tests {
         let line = format!(
             "{} name=lab-a owner=\"Ada \\\"the countess\\\" Lovelace\" account=proj-42 models=llama,qwen \
              rpm=60 tpm=100000 concurrent=4 budget_tokens=5000000/month batch_tpm=20000 \
-             batch_budget_tokens=1000000/week # renewed yearly",
+             batch_budget_tokens=1000000/week batch_gpu_hours=40/month # renewed yearly",
             key_line("k")
         );
         let set = KeySet::parse(Path::new("keys"), &format!("# keys\n{line}\n")).expect("valid");
@@ -818,6 +833,7 @@ mod tests {
                 budget: Some(Budget { tokens: 5_000_000, period: Period::Month }),
                 batch_tokens_per_minute: Some(20_000),
                 batch_budget: Some(Budget { tokens: 1_000_000, period: Period::Week }),
+                batch_gpu_hours: Some(GpuHours { hours: 40, period: Period::Month }),
             }
         );
         assert_eq!(e.line, 2);
@@ -843,6 +859,9 @@ mod tests {
             ("batch_tpm=0", "batch_tpm=0: expected a positive whole number"),
             ("batch_budget_tokens=5", "batch_budget_tokens=5: expected <tokens>/<day|week|month>"),
             ("batch_tpm=1 batch_tpm=2", "'batch_tpm' is given twice"),
+            ("batch_gpu_hours=5", "batch_gpu_hours=5: expected <GPU-hours>/<day|week|month>"),
+            ("batch_gpu_hours=0/day", "batch_gpu_hours=0/day"),
+            ("batch_gpu_hours=2/year", "batch_gpu_hours=2/year"),
             ("models=a,,b", "models=a,,b: expected model names"),
             ("models=a,*", "models=a,*"),
             ("name=", "name=: the value is empty"),
@@ -939,6 +958,14 @@ mod tests {
         let limits = KeyEntry::parse(&line, 1).expect("it parses").1.limits;
         assert_eq!(limits.batch_tokens_per_minute, Some(500));
         assert_eq!(limits.batch_budget, Some(Budget { tokens: 9000, period: Period::Day }));
+        let gpu = HashKeyArgs { batch_gpu_hours: Some("12/week".into()), ..HashKeyArgs::default() };
+        let gpu_line = gpu.line("secret").expect("valid GPU-hour budget");
+        assert!(gpu_line.ends_with(" batch_gpu_hours=12/week"), "{gpu_line}");
+        let limits = KeyEntry::parse(&gpu_line, 1).expect("it parses").1.limits;
+        assert_eq!(limits.batch_gpu_hours, Some(GpuHours { hours: 12, period: Period::Week }));
+        let bad = HashKeyArgs { batch_gpu_hours: Some("12".into()), ..HashKeyArgs::default() };
+        let err = bad.line("secret").expect_err("no period").to_string();
+        assert!(err.starts_with("--batch-gpu-hours '12': expected"), "{err}");
         let set = KeySet::parse(
             Path::new("keys"),
             &format!(

@@ -1,6 +1,7 @@
 //! The gateway's embedded database: one SQLite file (bundled SQLite, no server) that holds what
-//! a gateway must keep across restarts — today the usage ledger ([`crate::ledger`]) and batch
-//! inference's files, batches and results ([`crate::batch`]).
+//! a gateway must keep across restarts — today the usage ledger ([`crate::ledger`]), batch
+//! inference's files, batches and results ([`crate::batch`]) and the GPU-hours each key's batch
+//! backlog spent on spun jobs ([`crate::spin::batch_demand`]).
 //!
 //! Every connection runs in WAL mode with `synchronous=NORMAL`: a commit is one append to the
 //! write-ahead log, readers (`tela usage`) never block the writer, and a crash or `kill -9` of
@@ -69,6 +70,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "overflow provider",
         // The outside provider that answered a request, `crate::overflow`; NULL for the federation.
         sql: "ALTER TABLE requests ADD COLUMN provider TEXT;",
+    },
+    Migration {
+        version: 4,
+        name: "batch spin GPU-hours",
+        // GPU-seconds charged per key for jobs spun for its batch backlog, `crate::spin::batch_demand`.
+        sql: crate::spin::batch_demand::MIGRATION,
     },
 ];
 

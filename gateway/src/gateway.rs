@@ -250,6 +250,8 @@ impl Gateway {
                     load: shared.load.clone(),
                     metrics,
                     stop: stop.clone(),
+                    batch: batch.clone(),
+                    access: shared.access.clone(),
                 };
                 Some(crate::spin::start(setup, spin, parts).map_err(GatewayError::Spin)?)
             }

@@ -120,6 +120,9 @@ pub struct KeyLimits {
     pub batch_tokens_per_minute: Option<u64>,
     /// Batch tokens per calendar period (`batch_budget_tokens=`).
     pub batch_budget: Option<Budget>,
+    /// GPU-hours per calendar period of the jobs the spinner starts for the key's batch backlog
+    /// (`batch_gpu_hours=`; see [`crate::spin::batch_demand`]).
+    pub batch_gpu_hours: Option<GpuHours>,
 }
 
 impl KeyLimits {
@@ -153,6 +156,15 @@ impl KeyLimits {
 pub struct Budget {
     /// Tokens per period.
     pub tokens: u64,
+    /// The period.
+    pub period: Period,
+}
+
+/// GPU-hours per calendar period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuHours {
+    /// GPU-hours per period.
+    pub hours: u64,
     /// The period.
     pub period: Period,
 }

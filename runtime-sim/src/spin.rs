@@ -464,6 +464,7 @@ impl Sim {
                     in_flight: spin.in_flight[m],
                     arrivals_per_min: recent.len() as u32,
                     p95_latency: p95,
+                    batch_replicas: 0,
                 },
             );
         }
@@ -552,7 +553,7 @@ impl Sim {
         let now = self.now;
         let spin = self.spin.as_mut().expect("spinning");
         match c {
-            SpinCommand::Submit { job, model, placement, walltime } => {
+            SpinCommand::Submit { job, model, placement, walltime, .. } => {
                 let Some(m) = spin.model_index(&model) else { return };
                 spin.m.submits += 1;
                 if let Some(at) = spin.last_release[m] {

@@ -115,6 +115,8 @@ pub mod backoff;
 #[cfg(not(loom))]
 pub mod batch;
 #[cfg(not(loom))]
+pub mod client_tls;
+#[cfg(not(loom))]
 pub mod clock;
 #[cfg(not(loom))]
 pub mod control;

@@ -12,6 +12,9 @@ pub struct ModelPolicy {
     pub spec: ModelSpec,
     /// Time limit of each job.
     pub walltime: Duration,
+    /// Time limit of a job submitted for low-priority backlog only (`None`: [`Self::walltime`]);
+    /// short, so that it fits a backfill window.
+    pub batch_walltime: Option<Duration>,
     /// Replicas kept even without demand.
     pub min_replicas: u32,
     /// Most replicas at once, whoever started them.
@@ -42,6 +45,7 @@ impl ModelPolicy {
         ModelPolicy {
             spec,
             walltime: Duration::from_secs(4 * 3600),
+            batch_walltime: None,
             min_replicas: 0,
             max_replicas: 4,
             concurrency_per_replica: 16,
@@ -69,7 +73,7 @@ impl ModelPolicy {
         if !(1..=100).contains(&self.scale_down_percent) {
             return Err(SpinConfigError::BadScaleDownPercent { model: model(), percent: self.scale_down_percent });
         }
-        if self.walltime.is_zero() {
+        if self.walltime.is_zero() || self.batch_walltime.is_some_and(|w| w.is_zero()) {
             return Err(SpinConfigError::ZeroWalltime { model: model() });
         }
         Ok(())

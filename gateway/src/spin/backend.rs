@@ -25,15 +25,16 @@ pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
                 ..SbatchConfig::default()
             })))
         }
-        BackendPlan::Slurmrest { url, user, token_file, version, timeout } => {
+        BackendPlan::Slurmrest { url, user, token_file, version, timeout, ca_cert } => {
             let version: RestVersion =
                 version.parse().map_err(|e: tela_runtime::batch::slurmrest::UnknownRestVersion| e.to_string())?;
             let mut config = SlurmRestConfig::new(url.clone(), user.clone(), token_file.clone());
             config.timeout = *timeout;
             config.version = Some(version);
+            config.ca_cert = ca_cert.clone();
             Ok(Arc::new(SlurmRest::with_version(config, version).map_err(|e| e.to_string())?))
         }
-        BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout } => {
+        BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout, ca_cert } => {
             let mut config = FirecrestConfig::new(
                 url.clone(),
                 system.clone(),
@@ -42,6 +43,7 @@ pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
                 client_secret.clone(),
             );
             config.timeout = *timeout;
+            config.ca_cert = ca_cert.clone();
             Ok(Arc::new(Firecrest::new(config).map_err(|e| e.to_string())?))
         }
     }

@@ -13,7 +13,8 @@
 //! [spin.backend]
 //! kind = "sbatch"               # or "slurmrest" with url, user, token_file, version; or
 //!                               # "firecrest" with url, system, token_url, client_id and
-//!                               # client_secret_file or client_secret_env
+//!                               # client_secret_file or client_secret_env; the REST kinds'
+//!                               # URLs are http:// or https:// (ca_cert = "site-ca.pem")
 //!
 //! [spin.job]
 //! tela = "/opt/tela/bin/tela"   # the binary, as compute nodes see it
@@ -183,6 +184,56 @@ pub struct SpinSection {
     /// The models that may spin (`[[spin.model]]`).
     #[serde(default)]
     pub model: Vec<ModelSection>,
+    /// Spinning for the batch API's backlog (`[spin.batch]`; default: off, only requests
+    /// waiting or in flight count).
+    pub batch: Option<BatchSpinSection>,
+}
+
+/// `[spin.batch]`: short, backfill-friendly jobs for the batch API's backlog.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpinSection {
+    /// Pending batch requests of a model that justify one replica.
+    pub backlog_per_replica: u32,
+    /// Most replicas the backlog of one model may want (default 1; `max_replicas` still caps).
+    pub max_replicas: Option<u32>,
+    /// Time limit of a job started for the backlog only (default 1 h).
+    pub job_walltime: Option<Dur>,
+    /// The least time limit Slurm may shrink such a job to, to start it in a backfill window
+    /// (`--time-min`; default: half the walltime).
+    pub job_time_min: Option<Dur>,
+}
+
+/// `[spin.batch]`, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSpin {
+    /// Pending batch requests that justify one replica.
+    pub backlog_per_replica: u32,
+    /// Most replicas one model's backlog wants.
+    pub max_replicas: u32,
+    /// Time limit of a backlog job.
+    pub job_walltime: Duration,
+    /// Its least time limit (`--time-min`).
+    pub job_time_min: Duration,
+}
+
+fn resolve_batch_spin(b: &BatchSpinSection) -> Result<BatchSpin, ConfigError> {
+    if b.backlog_per_replica == 0 {
+        return Err(invalid("spin.batch.backlog_per_replica", "must be at least 1 (leave out [spin.batch] for none)"));
+    }
+    let max_replicas = b.max_replicas.unwrap_or(1);
+    if max_replicas == 0 {
+        return Err(invalid("spin.batch.max_replicas", "must be at least 1 (leave out [spin.batch] for none)"));
+    }
+    let job_walltime = positive("spin.batch.job_walltime", b.job_walltime, Duration::from_secs(3600))?;
+    if job_walltime < Duration::from_secs(60) {
+        return Err(invalid("spin.batch.job_walltime", "must be at least one minute, Slurm's granularity"));
+    }
+    let job_time_min = positive("spin.batch.job_time_min", b.job_time_min, job_walltime / 2)?;
+    if job_time_min > job_walltime {
+        return Err(invalid("spin.batch.job_time_min", "must not be longer than spin.batch.job_walltime"));
+    }
+    Ok(BatchSpin { backlog_per_replica: b.backlog_per_replica, max_replicas, job_walltime, job_time_min })
 }
 
 /// `[spin.budget]` / `budget = { ... }`.
@@ -223,8 +274,11 @@ pub struct BackendSection {
     pub sbatch_args: Option<Vec<String>>,
     /// sbatch: arguments added to every `squeue` and `scancel` call.
     pub query_args: Option<Vec<String>>,
-    /// slurmrest, firecrest: the service's base URL (`http://slurm-rest:6820`).
+    /// slurmrest, firecrest: the service's base URL (`http://slurm-rest:6820`, or `https://`).
     pub url: Option<String>,
+    /// slurmrest, firecrest: a PEM file of CA certificates trusted for `https://` URLs besides
+    /// the system's (a site's own CA).
+    pub ca_cert: Option<PathBuf>,
     /// slurmrest: the Slurm user the token belongs to.
     pub user: Option<String>,
     /// slurmrest: a file holding the JWT (`scontrol token`), re-read on every call.
@@ -393,6 +447,8 @@ pub enum BackendPlan {
         version: String,
         /// Per call.
         timeout: Duration,
+        /// Extra CA certificates for `https://`.
+        ca_cert: Option<PathBuf>,
     },
     /// FirecREST v2.
     Firecrest {
@@ -408,6 +464,8 @@ pub enum BackendPlan {
         client_secret: ClientSecret,
         /// Per call.
         timeout: Duration,
+        /// Extra CA certificates for `https://`.
+        ca_cert: Option<PathBuf>,
     },
 }
 
@@ -513,6 +571,8 @@ pub struct SpinPlan {
     pub partitions: Vec<Partition>,
     /// What may spin, in the order written.
     pub models: Vec<SpinModel>,
+    /// Spinning for the batch backlog, when `[spin.batch]` is set.
+    pub batch: Option<BatchSpin>,
 }
 
 /// Where one replica of a model would go with every partition free.
@@ -576,9 +636,27 @@ impl SpinPlan {
         if section.model.is_empty() {
             return Err(invalid("spin.model", "no model: add at least one [[spin.model]]"));
         }
+        let batch = section.batch.as_ref().map(resolve_batch_spin).transpose()?;
         let mut models: Vec<SpinModel> = Vec::new();
         for m in &section.model {
-            let model = resolve_model(m, &partitions)?;
+            let mut model = resolve_model(m, &partitions)?;
+            if let Some(b) = batch {
+                // Even a job Slurm shrank to its least time must leave time to serve.
+                let least = model.drain_window + tela_runtime::batch::template::DRAIN_SIGNAL_SLACK;
+                if b.job_time_min <= least {
+                    return Err(invalid(
+                        "spin.batch.job_time_min",
+                        format!(
+                            "{} is not longer than model '{}''s drain window plus {} ({}): a shrunk job could not serve",
+                            humantime::format_duration(b.job_time_min),
+                            m.name,
+                            humantime::format_duration(tela_runtime::batch::template::DRAIN_SIGNAL_SLACK),
+                            humantime::format_duration(least)
+                        ),
+                    ));
+                }
+                model.policy.batch_walltime = Some(b.job_walltime);
+            }
             if models.iter().any(|q| q.name() == model.name()) {
                 return Err(invalid(format!("spin.model[{}]", m.name), "is defined twice"));
             }
@@ -599,6 +677,7 @@ impl SpinPlan {
             cold_start_timeout,
             partitions,
             models,
+            batch,
         })
     }
 
@@ -755,6 +834,7 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
             reject(b.user.is_some(), "user", "slurmrest")?;
             reject(b.token_file.is_some(), "token_file", "slurmrest")?;
             reject(b.version.is_some(), "version", "slurmrest")?;
+            reject(b.ca_cert.is_some(), "ca_cert", "slurmrest\" or \"firecrest")?;
             Ok(BackendPlan::Sbatch {
                 sbatch: b.sbatch.clone().unwrap_or_else(|| "sbatch".into()),
                 squeue: b.squeue.clone().unwrap_or_else(|| "squeue".into()),
@@ -779,13 +859,8 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                     )
                 })
             };
-            let url = required(&b.url, "url", "\"http://slurm-rest:6820\"")?;
-            if !url.starts_with("http://") {
-                return Err(invalid(
-                    "spin.backend.url",
-                    format!("'{url}' is not an http:// URL: slurmrestd speaks plain HTTP (reach it on loopback or through a TLS proxy's http:// side)"),
-                ));
-            }
+            let url = web_url(required(&b.url, "url", "\"http://slurm-rest:6820\"")?, "url")?;
+            let ca_cert = ca_cert_for(b.ca_cert.as_ref(), &[&url])?;
             let user = required(&b.user, "user", "\"tela\"")?;
             let token_file = b.token_file.clone().ok_or_else(|| {
                 invalid(
@@ -797,13 +872,7 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
             if let Err(e) = version.parse::<tela_runtime::batch::slurmrest::RestVersion>() {
                 return Err(invalid("spin.backend.version", e.to_string()));
             }
-            Ok(BackendPlan::Slurmrest {
-                url: url.trim_end_matches('/').to_string(),
-                user,
-                token_file,
-                version,
-                timeout,
-            })
+            Ok(BackendPlan::Slurmrest { url, user, token_file, version, timeout, ca_cert })
         }
         BackendKind::Firecrest => {
             for (present, key) in [
@@ -828,25 +897,16 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                     )
                 })
             };
-            let http_url = |url: String, key: &str| {
-                if url.starts_with("http://") {
-                    Ok(url.trim_end_matches('/').to_string())
-                } else {
-                    Err(invalid(
-                        format!("spin.backend.{key}"),
-                        format!("'{url}' is not an http:// URL: Tela speaks plain HTTP to it (put a TLS-terminating proxy on this host and name its http:// side)"),
-                    ))
-                }
-            };
-            let url = http_url(required(&b.url, "url", "\"http://127.0.0.1:8000\"")?, "url")?;
+            let url = web_url(required(&b.url, "url", "\"https://api.example.org/v2\"")?, "url")?;
             let system = required(&b.system, "system", "\"daint\"")?;
             if system.contains(['/', '?', '#', ' ']) {
                 return Err(invalid("spin.backend.system", format!("'{system}' must be one path segment")));
             }
-            let token_url = http_url(
-                required(&b.token_url, "token_url", "\"http://idp:8080/realms/hpc/protocol/openid-connect/token\"")?,
+            let token_url = web_url(
+                required(&b.token_url, "token_url", "\"https://idp/realms/hpc/protocol/openid-connect/token\"")?,
                 "token_url",
             )?;
+            let ca_cert = ca_cert_for(b.ca_cert.as_ref(), &[&url, &token_url])?;
             let client_id = required(&b.client_id, "client_id", "\"tela-spinner\"")?;
             let client_secret = match (&b.client_secret_file, &b.client_secret_env) {
                 (Some(file), None) => ClientSecret::File(file.clone()),
@@ -864,8 +924,32 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                     ))
                 }
             };
-            Ok(BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout })
+            Ok(BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout, ca_cert })
         }
+    }
+}
+
+/// A REST backend's URL (`key`), `http://` or `https://`, without a trailing `/`.
+fn web_url(url: String, key: &str) -> Result<String, ConfigError> {
+    let url = url.trim().trim_end_matches('/').to_string();
+    let has_host = |rest: &str| !rest.is_empty() && !rest.starts_with(['/', ':']);
+    match url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")) {
+        Some(rest) if has_host(rest) => Ok(url),
+        _ => Err(invalid(
+            format!("spin.backend.{key}"),
+            format!("'{url}' is not an http:// or https:// URL (e.g. https://slurm-rest.example.org:6820)"),
+        )),
+    }
+}
+
+/// `ca_cert`, which only means something when one of `urls` is `https://`.
+fn ca_cert_for(ca_cert: Option<&PathBuf>, urls: &[&str]) -> Result<Option<PathBuf>, ConfigError> {
+    match ca_cert {
+        Some(path) if !urls.iter().any(|u| u.starts_with("https://")) => Err(invalid(
+            "spin.backend.ca_cert",
+            format!("{} is given but no URL is https://: drop it, or name the service's https:// URL", path.display()),
+        )),
+        _ => Ok(ca_cert.cloned()),
     }
 }
 
@@ -1106,7 +1190,7 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
         env: Vec::new(),
     };
     let partition = &partitions[placement.shape];
-    if let Err(e) = super::job::render(&settings, partition, &model, &placement, model.policy.walltime) {
+    if let Err(e) = super::job::render(&settings, partition, &model, &placement, model.policy.walltime, None) {
         return Err(invalid(key("engine"), e.to_string()));
     }
     Ok(model)
@@ -1188,6 +1272,39 @@ engine = "serve --port {port}"
         );
         assert_eq!(plan.backend.to_string(), "sbatch (sbatch)");
         assert!(LoadedConfig::parse("", "t").expect("empty is valid").spin.is_none());
+    }
+
+    #[test]
+    fn a_batch_section_gives_short_backfill_jobs_and_refuses_times_that_cannot_serve() {
+        let plain = LoadedConfig::parse(&minimal(), "t").expect("valid").spin.expect("[spin]");
+        assert_eq!((plain.batch, plain.models[0].policy.batch_walltime), (None, None), "off by default");
+        let on = minimal().replace("[spin.job]", "[spin.batch]\nbacklog_per_replica = 100\n[spin.job]");
+        let plan = LoadedConfig::parse(&on, "t").expect("valid").spin.expect("[spin]");
+        let b = plan.batch.expect("[spin.batch]");
+        assert_eq!(
+            (b.backlog_per_replica, b.max_replicas, b.job_walltime, b.job_time_min),
+            (100, 1, Duration::from_secs(3600), Duration::from_secs(1800))
+        );
+        assert_eq!(plan.models[0].policy.batch_walltime, Some(Duration::from_secs(3600)));
+        let set = |extra: &str| minimal().replace("[spin.job]", &format!("[spin.batch]\n{extra}\n[spin.job]"));
+        let short = set("backlog_per_replica = 5\nmax_replicas = 2\njob_walltime = \"30m\"\njob_time_min = \"10m\"");
+        let short = short.replace("engine = ", "drain_window = \"5m\"\nengine = ");
+        let b = LoadedConfig::parse(&short, "t").expect("valid").spin.expect("[spin]").batch.expect("batch");
+        assert_eq!(
+            (b.max_replicas, b.job_walltime, b.job_time_min),
+            (2, Duration::from_secs(1800), Duration::from_secs(600))
+        );
+        for (extra, key, why) in [
+            ("backlog_per_replica = 0", "spin.batch.backlog_per_replica", "at least 1"),
+            ("backlog_per_replica = 1\nmax_replicas = 0", "spin.batch.max_replicas", "at least 1"),
+            ("backlog_per_replica = 1\njob_walltime = \"30s\"", "spin.batch.job_walltime", "at least one minute"),
+            ("backlog_per_replica = 1\njob_time_min = \"2h\"", "spin.batch.job_time_min", "not be longer"),
+            ("backlog_per_replica = 1\njob_time_min = \"10m\"", "spin.batch.job_time_min", "could not serve"),
+            ("backlog_per_replica = 1\nqueue = 3", "queue", "unknown field"),
+        ] {
+            let err = refused(&set(extra));
+            assert!(err.contains(key) && err.contains(why), "{extra}: {err}");
+        }
     }
 
     #[test]
@@ -1289,6 +1406,7 @@ mod firecrest_tests {
                 client_id: "tela".into(),
                 client_secret: ClientSecret::File("/etc/tela/fc-secret".into()),
                 timeout: Duration::from_secs(30),
+                ca_cert: None,
             }
         );
         assert_eq!(plan.backend.to_string(), "FirecREST v2 at http://127.0.0.1:8000, system daint, as client tela");
@@ -1297,6 +1415,35 @@ mod firecrest_tests {
         let plan = LoadedConfig::parse(&with_backend(&env), "t.toml").expect("valid").spin.expect("[spin]");
         assert!(
             matches!(plan.backend, BackendPlan::Firecrest { client_secret: ClientSecret::Env(ref v), .. } if v == "FC_SECRET")
+        );
+    }
+
+    #[test]
+    fn rest_backends_take_https_urls_and_a_site_ca() {
+        let https = FIRECREST
+            .replace("http://127.0.0.1:8000/", "https://api.cscs.ch/v2/")
+            .replace("http://idp/token", "https://auth.cscs.ch/token");
+        let plan = LoadedConfig::parse(&with_backend(&format!("{https}\nca_cert = \"/etc/tela/ca.pem\"")), "t.toml")
+            .expect("valid")
+            .spin
+            .expect("[spin]");
+        assert!(
+            matches!(&plan.backend, BackendPlan::Firecrest { url, token_url, ca_cert: Some(ca), .. }
+                if url == "https://api.cscs.ch/v2" && token_url == "https://auth.cscs.ch/token" && ca.ends_with("ca.pem")),
+            "{:?}",
+            plan.backend
+        );
+        // One https:// URL is enough for a CA file to mean something.
+        let mixed =
+            format!("{FIRECREST}\nca_cert = \"/etc/tela/ca.pem\"").replace("http://idp/token", "https://idp/token");
+        LoadedConfig::parse(&with_backend(&mixed), "t.toml").expect("a CA for the token URL alone");
+        let slurm =
+            "kind = \"slurmrest\"\nurl = \"https://slurm:6820/\"\nuser = \"tela\"\ntoken_file = \"/etc/tela/jwt\"";
+        let plan = LoadedConfig::parse(&with_backend(slurm), "t.toml").expect("valid").spin.expect("[spin]");
+        assert!(
+            matches!(&plan.backend, BackendPlan::Slurmrest { url, ca_cert: None, .. } if url == "https://slurm:6820"),
+            "{:?}",
+            plan.backend
         );
     }
 
@@ -1312,11 +1459,22 @@ mod firecrest_tests {
             ),
             (format!("{FIRECREST}\nclient_secret_env = \"X\""), "spin.backend.client_secret_env", "not both"),
             (
-                FIRECREST.replace("http://127.0.0.1:8000/", "https://api.cscs.ch"),
+                FIRECREST.replace("http://127.0.0.1:8000/", "ftp://api.cscs.ch"),
                 "spin.backend.url",
-                "TLS-terminating proxy",
+                "not an http:// or https:// URL",
             ),
-            (FIRECREST.replace("http://idp/token", "idp/token"), "spin.backend.token_url", "not an http:// URL"),
+            (
+                FIRECREST.replace("http://idp/token", "idp/token"),
+                "spin.backend.token_url",
+                "not an http:// or https://",
+            ),
+            (FIRECREST.replace("http://idp/token", "https:///token"), "spin.backend.token_url", "not an http://"),
+            (format!("{FIRECREST}\nca_cert = \"/etc/tela/ca.pem\""), "spin.backend.ca_cert", "no URL is https://"),
+            (
+                "kind = \"sbatch\"\nca_cert = \"/etc/tela/ca.pem\"".to_string(),
+                "spin.backend.ca_cert",
+                "only applies to kind = \"slurmrest\" or \"firecrest\"",
+            ),
             (format!("{FIRECREST}\nuser = \"u\""), "spin.backend.user", "only applies to kind = \"slurmrest\""),
             (
                 "kind = \"sbatch\"\nsystem = \"daint\"".to_string(),

@@ -18,13 +18,15 @@ use tela_runtime::batch::JobRequest;
 
 use super::config::{JobSettings, Partition, SpinModel};
 
-/// The job for one submission of `model` on `placement`.
+/// The job for one submission of `model` on `placement`; `time_min`: a backfill-friendly job
+/// Slurm may shrink to that time limit (`--time-min`, for the batch backlog's jobs).
 pub fn render(
     settings: &JobSettings,
     partition: &Partition,
     model: &SpinModel,
     placement: &Placement,
     walltime: Duration,
+    time_min: Option<Duration>,
 ) -> Result<JobRequest, TemplateError> {
     let mut template = JobTemplate::new(
         settings.tela.clone(),
@@ -33,6 +35,7 @@ pub fn render(
         model.engine.clone(),
     );
     template.drain_window = model.drain_window;
+    template.time_min = time_min;
     template.partition = Some(partition.slurm_partition.clone());
     template.account = partition.account.clone().or_else(|| settings.account.clone());
     template.qos = partition.qos.clone();

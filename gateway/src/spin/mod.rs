@@ -7,11 +7,14 @@
 //! - [`demand`]: in-flight requests, arrivals and time to first byte per spinnable model.
 //! - [`backend`]: the [`BatchSystem`] a plan's `[spin.backend]` names.
 //! - [`queue`]: before each submission, where the scheduler would start the job soonest.
+//! - [`batch_demand`]: the batch API's backlog as low-priority demand (`[spin.batch]`), and
+//!   the GPU-hours each key's backlog spent (`batch_gpu_hours=`).
 //!
 //! The **spin task** (`start`) decides every `interval`, and at once when a request starts
 //! waiting: it asks the batch system about its jobs ([`BatchSystem::jobs`]; a job's node comes
 //! from its comment), builds a [`SpinView`] — demand per model, the registry's replicas of
-//! spinnable models with this gateway's in-flight counts, its jobs, the partitions' free nodes —
+//! spinnable models with this gateway's in-flight counts, its jobs, the partitions' free nodes,
+//! and with `[spin.batch]` the batch backlog read from the database ([`batch_demand`]) —
 //! calls the core's [`Spinner::decide`] and executes the commands: `Submit` asks the batch system
 //! when the job would start in each partition that could take it, moves it to the soonest
 //! ([`queue`], within `start_estimate_timeout`), renders the job ([`job::render`]) and submits it, `Cancel` cancels, `Drain` sends the drain signal to the
@@ -24,6 +27,7 @@
 //! jobs of its previous run (they drain at their walltime).
 
 pub mod backend;
+pub mod batch_demand;
 pub mod cold_start;
 pub mod config;
 pub mod demand;
@@ -44,8 +48,11 @@ use tela_runtime::RuntimeView;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Access;
+use crate::batch::BatchShared;
 use crate::metrics::{Metrics, ModelLabel, OpLabel};
 use crate::routing::NodeLoad;
+use batch_demand::ModelBacklog;
 use cold_start::WaitingRoom;
 use config::SpinPlan;
 use demand::DemandTracker;
@@ -84,6 +91,10 @@ struct TrackedJob {
     hosts: Vec<String>,
     submitted: Instant,
     released: Option<&'static str>,
+    /// Started for the batch backlog only: a short, backfill-friendly job.
+    for_backlog: bool,
+    /// The key its GPU-hours were charged to (its name), for such a job.
+    charged_to: Option<String>,
 }
 
 /// The last decision, for `/status`.
@@ -97,6 +108,8 @@ struct Report {
     decisions: u64,
     /// The last placement choice per model.
     choices: BTreeMap<String, queue::Choice>,
+    /// The batch backlog per model, as the last decision counted it.
+    backlog: BTreeMap<String, ModelBacklog>,
 }
 
 /// What request handlers and `/status` share with the spin task.
@@ -146,6 +159,8 @@ impl SpinShared {
                     "arrivals_per_min": measured.arrivals_per_min,
                     "p95_ttfb_ms": measured.p95_ttfb.map(|d| d.as_millis() as u64),
                     "last_choice": report.choices.get(m).map(queue::Choice::json),
+                    "batch_backlog": report.backlog.get(m).map_or(0, |b| b.counted),
+                    "batch_backlog_over_budget": report.backlog.get(m).map_or(0, |b| b.over_budget),
                 })
             })
             .collect();
@@ -164,6 +179,8 @@ impl SpinShared {
                     "node_short": j.node.map(|n| n.to_string()),
                     "hosts": j.hosts,
                     "released": j.released,
+                    "batch": j.for_backlog,
+                    "charged_to": j.charged_to,
                     "age_s": j.submitted.elapsed().as_secs(),
                 })
             })
@@ -222,6 +239,10 @@ pub(crate) struct GatewayParts {
     pub load: NodeLoad,
     pub metrics: Arc<Metrics>,
     pub stop: CancellationToken,
+    /// The batch API's database, for the backlog (`[spin.batch]`).
+    pub batch: Option<Arc<BatchShared>>,
+    /// The keys, for their `batch_gpu_hours`.
+    pub access: Access,
 }
 
 /// The handler-side state for `setup`.
@@ -243,8 +264,19 @@ pub(crate) fn start(setup: SpinSetup, spin: Arc<SpinShared>, parts: GatewayParts
         .map_err(|e| e.to_string())?;
     let release =
         tokio::spawn(release_loop(spin.clone(), parts.view.clone(), parts.published.clone(), parts.stop.clone()));
-    let task =
-        SpinTask { backoff: None, plan: setup.plan, batch: setup.batch, spinner, jobs: BTreeMap::new(), spin, parts };
+    if setup.plan.batch.is_some() && parts.batch.is_none() {
+        tracing::warn!("[spin.batch] is set but batch inference is off: no backlog to spin for");
+    }
+    let task = SpinTask {
+        backoff: None,
+        plan: setup.plan,
+        batch: setup.batch,
+        spinner,
+        jobs: BTreeMap::new(),
+        backlog: BTreeMap::new(),
+        spin,
+        parts,
+    };
     tracing::info!(
         "spinning {} with {}",
         task.plan.models.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "),
@@ -304,6 +336,8 @@ struct SpinTask {
     batch: Arc<dyn BatchSystem>,
     spinner: Spinner,
     jobs: BTreeMap<JobId, TrackedJob>,
+    /// The batch backlog per model, read before each decision.
+    backlog: BTreeMap<String, ModelBacklog>,
     spin: Arc<SpinShared>,
     parts: GatewayParts,
 }
@@ -335,6 +369,7 @@ impl SpinTask {
     /// One decision: refresh the jobs, decide, execute.
     async fn tick(&mut self) {
         self.refresh_jobs().await;
+        self.read_backlog().await;
         let view = self.view();
         let now = self.parts.view.clock().now();
         let commands = self.spinner.decide(now, &view);
@@ -361,6 +396,7 @@ impl SpinTask {
         report.jobs = self.jobs.iter().map(|(id, j)| (*id, j.clone())).collect();
         report.live_jobs = self.spinner.live_jobs();
         report.budget_used_gpu_secs = self.spinner.budget_used_gpu_secs();
+        report.backlog = self.backlog.clone();
         for m in &self.plan.models {
             let queued = self.spin.room.queued(m.name());
             self.parts
@@ -406,6 +442,49 @@ impl SpinTask {
         self.jobs.retain(|_, j| j.state != Some(BatchState::Ended));
     }
 
+    /// Reads the batch backlog of the spinnable models, leaving out keys over their
+    /// `batch_gpu_hours` ([`batch_demand`]); on a database error the last reading stays.
+    async fn read_backlog(&mut self) {
+        let (Some(_), Some(batch)) = (self.plan.batch, self.parts.batch.clone()) else { return };
+        // The budgets of the keys now in the key file: (hash prefix match, GPU-seconds, period).
+        let keys = match &self.parts.access {
+            Access::Keys(keys) => Some(keys.load()),
+            Access::Open => None,
+        };
+        let now = crate::batch::now_s();
+        let read = batch
+            .db(move |c| {
+                let entries = batch_demand::backlog(c, now)?;
+                let mut over: Vec<String> = Vec::new();
+                let hashes: BTreeSet<&str> = entries.iter().filter_map(|e| e.key_hash.as_deref()).collect();
+                for hash in hashes {
+                    let Some(entry) = keys.as_ref().and_then(|k| k.entry_by_hash_prefix(hash).cloned()) else {
+                        continue;
+                    };
+                    let Some(budget) = entry.limits.batch_gpu_hours else { continue };
+                    let (from, to) = budget.period.bounds(u64::try_from(now).unwrap_or(0));
+                    let spent = batch_demand::spent(
+                        c,
+                        hash,
+                        i64::try_from(from).unwrap_or(i64::MAX),
+                        i64::try_from(to).unwrap_or(i64::MAX),
+                    )?;
+                    if spent >= budget.hours.saturating_mul(3600) {
+                        over.push(hash.to_string());
+                    }
+                }
+                Ok((entries, over))
+            })
+            .await;
+        match read {
+            Ok((entries, over)) => {
+                let tallied = batch_demand::tally(&entries, |k| over.iter().any(|o| o == k));
+                self.backlog = tallied.into_iter().filter(|(m, _)| self.spin.is_spinnable(m)).collect();
+            }
+            Err(e) => self.error("backlog", format!("cannot read the batch backlog: {e}")),
+        }
+    }
+
     /// What the spinner looks at.
     fn view(&self) -> SpinView {
         let snapshot = self.parts.view.snapshot();
@@ -418,6 +497,10 @@ impl SpinTask {
                 in_flight: measured.in_flight,
                 arrivals_per_min: measured.arrivals_per_min,
                 p95_latency: measured.p95_ttfb,
+                batch_replicas: match (&self.plan.batch, self.backlog.get(m.name())) {
+                    (Some(settings), Some(b)) => b.replicas(settings),
+                    _ => 0,
+                },
             };
             if !demand.is_idle() || demand.p95_latency.is_some() {
                 view.demand.insert(m.name().to_string(), demand);
@@ -504,14 +587,40 @@ impl SpinTask {
         moved
     }
 
+    /// Charges `gpu_secs` of backlog job `job` of `model` to the key with the largest backlog
+    /// of the model ([`batch_demand`]'s rule), in the database.
+    async fn charge_backlog(&mut self, job: JobId, model: &str, gpu_secs: u64) {
+        let Some(hash) = self.backlog.get(model).and_then(|b| b.charge_to.clone()) else { return };
+        let Some(batch) = self.parts.batch.clone() else { return };
+        let name = match &self.parts.access {
+            Access::Keys(keys) => keys.load().entry_by_hash_prefix(&hash).map(|e| e.name.clone()),
+            Access::Open => None,
+        };
+        let name = name.unwrap_or_else(|| format!("sha256:{hash}"));
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.charged_to = Some(name.clone());
+        }
+        let (m, at) = (model.to_string(), crate::batch::now_s());
+        match batch.db(move |c| batch_demand::charge(c, &hash, &m, at, gpu_secs)).await {
+            Ok(()) => tracing::info!(
+                model,
+                "charged {:.2} GPU-hours of job {} for '{model}' to key {name}",
+                gpu_secs as f64 / 3600.0,
+                job.0
+            ),
+            Err(e) => self.error("charge", format!("cannot record the GPU-hours of a backlog job for '{model}': {e}")),
+        }
+    }
+
     /// Executes one command; `false` when a submission failed.
     async fn execute(&mut self, command: SpinCommand) -> bool {
         match command {
-            SpinCommand::Submit { job, model, placement, walltime } => {
+            SpinCommand::Submit { job, model, placement, walltime, batch: for_backlog } => {
                 let placement = self.choose_partition(&model, placement, walltime).await;
                 let Some(spec) = self.plan.model(&model) else { return true };
                 let Some(partition) = self.plan.partition(&placement.shape_name) else { return true };
-                let request = match job::render(&self.plan.job, partition, spec, &placement, walltime) {
+                let time_min = self.plan.batch.filter(|_| for_backlog).map(|b| b.job_time_min);
+                let request = match job::render(&self.plan.job, partition, spec, &placement, walltime, time_min) {
                     Ok(r) => r,
                     Err(e) => {
                         // Checked with the configuration, so not expected; the job counts as ended.
@@ -532,11 +641,18 @@ impl SpinTask {
                         hosts: Vec::new(),
                         submitted: Instant::now(),
                         released: None,
+                        for_backlog,
+                        charged_to: None,
                     },
                 );
                 match self.batch.submit(&request).await {
                     Ok(id) => {
-                        tracing::info!(model, "submitted job {id} for '{model}': {placement}");
+                        let kind = if for_backlog { "batch-backlog job" } else { "job" };
+                        tracing::info!(model, "submitted {kind} {id} for '{model}': {placement}");
+                        if for_backlog {
+                            let gpu_secs = u64::from(placement.gpus()) * walltime.as_secs().max(1);
+                            self.charge_backlog(job, &model, gpu_secs).await;
+                        }
                         self.parts.metrics.spin_submits.get_or_create(&ModelLabel { model: model.clone() }).inc();
                         self.backoff = None;
                         if let Some(j) = self.jobs.get_mut(&job) {

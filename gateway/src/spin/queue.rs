@@ -168,7 +168,7 @@ pub async fn estimate(
 ) -> Vec<Candidate> {
     let Some(spec) = plan.model(model) else { return Vec::new() };
     let asks = partitions.iter().map(|p| async move {
-        let estimate = match job::render(&plan.job, p, spec, &moved(placement, plan, p), walltime) {
+        let estimate = match job::render(&plan.job, p, spec, &moved(placement, plan, p), walltime, None) {
             Err(e) => Estimate::Failed(format!("cannot render the job: {e}")),
             Ok(request) => match tokio::time::timeout(timeout, batch.estimate_start(&request)).await {
                 Err(_) => Estimate::Failed(format!("no answer within {}", humantime::format_duration(timeout))),
@@ -290,11 +290,11 @@ partitions = ["c", "a", "h", "b"]
         let c = plan.partition("c").expect("c");
         let placement = moved(&plan.placements()[0].placement.clone().expect("placed"), &plan, c);
         let spec = plan.model("small").expect("model");
-        let job = job::render(&plan.job, c, spec, &placement, Duration::from_secs(3600)).expect("renders");
+        let job = job::render(&plan.job, c, spec, &placement, Duration::from_secs(3600), None).expect("renders");
         assert_eq!((job.partition.as_deref(), job.qos.as_deref()), (Some("a"), Some("low")));
         let a = plan.partition("a").expect("a");
-        let job =
-            job::render(&plan.job, a, spec, &moved(&placement, &plan, a), Duration::from_secs(3600)).expect("renders");
+        let job = job::render(&plan.job, a, spec, &moved(&placement, &plan, a), Duration::from_secs(3600), None)
+            .expect("renders");
         assert_eq!((job.partition.as_deref(), job.qos.as_deref()), (Some("a"), None));
         assert!(plan.describe().contains("(Slurm partition a, QoS low)"), "{}", plan.describe());
     }

@@ -19,6 +19,7 @@ mod slurm_env;
 mod admission_refusals_say_why;
 mod api_forwards_openai_requests;
 mod batch_api_survives_restarts;
+mod batch_backlog_spins_short_jobs_within_key_budgets;
 mod batch_tokens_are_limited_apart_from_interactive_ones;
 mod budgets_hold_across_gateways;
 mod busy_engines_stay_up_while_streams_flow;

@@ -26,8 +26,9 @@ use tela_runtime::batch::{
 
 /// A batch system on this machine: each job is its batch script run by bash in its own process
 /// group, with `SLURM_JOB_ID` set and an `scontrol` on `PATH` that records the job's comment.
-/// `start_jobs: false` leaves every job pending forever.
-struct LocalBatch {
+/// `start_jobs: false` leaves every job pending forever. Job `n`'s script is `job-<n>.sh` in
+/// `dir` (from 100 on). Other files' tests use it too.
+pub(crate) struct LocalBatch {
     dir: PathBuf,
     start_jobs: bool,
     next: AtomicU64,
@@ -37,7 +38,7 @@ struct LocalBatch {
 }
 
 impl LocalBatch {
-    fn new(dir: &Path, start_jobs: bool) -> Arc<LocalBatch> {
+    pub(crate) fn new(dir: &Path, start_jobs: bool) -> Arc<LocalBatch> {
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin).expect("bin dir");
         let scontrol = bin.join("scontrol");
@@ -58,11 +59,11 @@ impl LocalBatch {
         })
     }
 
-    fn log(&self) -> Vec<String> {
+    pub(crate) fn log(&self) -> Vec<String> {
         self.log.lock().expect("log").clone()
     }
 
-    fn output(&self, id: u64) -> String {
+    pub(crate) fn output(&self, id: u64) -> String {
         std::fs::read_to_string(self.dir.join(format!("job-{id}.out"))).unwrap_or_default()
     }
 

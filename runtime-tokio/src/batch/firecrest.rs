@@ -35,17 +35,20 @@
 //! [`BatchError::Unreachable`]; the spinner logs them, shows the last one on `/status` and backs
 //! off its submissions.
 //!
-//! Only `http://` URLs (FirecREST and the token URL): put a TLS-terminating proxy on the
-//! gateway's host in front of an `https://` service, as for slurmrestd.
+//! FirecREST's URL and the token URL may each be `http://` or `https://` (real deployments and
+//! their identity providers are HTTPS-only): HTTPS trusts the system's certificate store plus,
+//! for a site with its own CA, the PEM file [`FirecrestConfig::ca_cert`]; the server's name is
+//! the URL's host (SNI and certificate check). A handshake that fails is an
+//! [`BatchError::Unreachable`] that says why (`TLS: certificate not trusted for host …`).
 //!
 //! ```no_run
 //! use tela_runtime::batch::firecrest::{ClientSecret, Firecrest, FirecrestConfig};
 //! use tela_runtime::batch::BatchSystem;
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = FirecrestConfig::new(
-//!     "http://127.0.0.1:8000",
+//!     "https://api.cscs.example/v2",
 //!     "daint",
-//!     "http://127.0.0.1:8080/token",
+//!     "https://auth.cscs.example/realms/hpc/protocol/openid-connect/token",
 //!     "tela-spinner",
 //!     ClientSecret::File("/home/tela/.tela/firecrest-secret".into()),
 //! );
@@ -56,11 +59,11 @@
 
 pub mod v2;
 
-use super::http::{preview, Answer, HttpClient};
+use super::http::{check_url, is_https, preview, tls_for, Answer, HttpClient};
 use super::sbatch::{check_job, not_listed};
 use super::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode, Uri};
+use http::{header, Method, Request, StatusCode};
 use http_body_util::Full;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -122,7 +125,7 @@ impl ClientSecret {
 /// Where FirecREST and its identity provider are, and who the backend is to them.
 #[derive(Clone, Debug)]
 pub struct FirecrestConfig {
-    /// FirecREST's base URL, `http://host:port` (a path prefix is kept, for a proxy).
+    /// FirecREST's base URL, `http(s)://host:port` (a path prefix is kept, for a proxy).
     pub url: String,
     /// The system (cluster) name in FirecREST's paths.
     pub system: String,
@@ -134,10 +137,12 @@ pub struct FirecrestConfig {
     pub client_secret: ClientSecret,
     /// Longest one request may take, answer included.
     pub timeout: Duration,
+    /// A PEM file of CA certificates trusted for `https://` URLs besides the system's.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl FirecrestConfig {
-    /// Settings with the default of 30 s per request.
+    /// Settings with the defaults: 30 s per request, the system's CAs only.
     pub fn new(
         url: impl Into<String>,
         system: impl Into<String>,
@@ -152,6 +157,7 @@ impl FirecrestConfig {
             client_id: client_id.into(),
             client_secret,
             timeout: Duration::from_secs(30),
+            ca_cert: None,
         }
     }
 }
@@ -186,19 +192,6 @@ impl fmt::Debug for Firecrest {
             .field("url", &self.base)
             .field("system", &self.config.system)
             .finish_non_exhaustive()
-    }
-}
-
-/// Checks that `url` is an `http://` URL; `key` names it in the message.
-fn check_http_url(url: &str, key: &str) -> Result<String, BatchError> {
-    let url = url.trim().trim_end_matches('/').to_string();
-    let bad = |detail: String| Err(BatchError::Refused { backend: BACKEND, detail });
-    match url.parse::<Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(url),
-        Ok(uri) if uri.scheme_str() == Some("https") => bad(format!(
-            "{key} '{url}': Tela speaks plain HTTP to it; put a TLS-terminating proxy on this host and name its http:// side"
-        )),
-        _ => bad(format!("{key} '{url}' is not an http:// URL (e.g. http://127.0.0.1:8000)")),
     }
 }
 
@@ -249,8 +242,9 @@ fn failed(what: &str, answer: &Answer) -> BatchError {
 impl Firecrest {
     /// A backend for `config` (no request is made: the first call fetches a token).
     pub fn new(config: FirecrestConfig) -> Result<Firecrest, BatchError> {
-        let base = check_http_url(&config.url, "the FirecREST URL")?;
-        check_http_url(&config.token_url, "the token URL")?;
+        let base = check_url(BACKEND, &config.url, "the FirecREST URL", "https://api.example.org/v2")?;
+        let token_url = check_url(BACKEND, &config.token_url, "the token URL", "https://idp.example.org/token")?;
+        let tls = tls_for(BACKEND, is_https(&base) || is_https(&token_url), config.ca_cert.as_deref())?;
         let bad = |detail: &str| Err(BatchError::Refused { backend: BACKEND, detail: detail.into() });
         if config.system.trim().is_empty() || config.system.contains(['/', '?', '#', ' ']) {
             return bad("the system name must be one path segment (the cluster's name in FirecREST)");
@@ -260,7 +254,7 @@ impl Firecrest {
         }
         Ok(Firecrest {
             name: format!("{BACKEND} v2 ({})", config.system),
-            client: HttpClient::new(BACKEND, config.timeout),
+            client: HttpClient::new(BACKEND, config.timeout, tls),
             base,
             config,
             token: tokio::sync::Mutex::new(None),
@@ -499,6 +493,7 @@ impl BatchSystem for Firecrest {
 
 #[cfg(test)]
 mod tests {
+    use super::super::http::test_server::{localhost_tls, serve_on};
     use super::*;
 
     #[test]
@@ -519,13 +514,16 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_and_a_plain_system_name_are_accepted() {
+    fn only_web_urls_and_a_plain_system_name_are_accepted() {
         let config = |url: &str, system: &str| {
             FirecrestConfig::new(url, system, "http://127.0.0.1:1/token", "c", ClientSecret::Env("X".into()))
         };
         assert!(Firecrest::new(config("http://127.0.0.1:8000/", "daint")).is_ok());
-        let err = Firecrest::new(config("https://api.cscs.ch", "daint")).unwrap_err();
-        assert!(err.to_string().contains("TLS-terminating proxy"), "{err}");
+        let err = Firecrest::new(config("ftp://api.cscs.ch", "daint")).unwrap_err();
+        assert!(
+            err.to_string().contains("the FirecREST URL 'ftp://api.cscs.ch' is not an http:// or https://"),
+            "{err}"
+        );
         assert!(Firecrest::new(config("http://127.0.0.1:8000", "a/b")).is_err());
         let mut no_client = config("http://127.0.0.1:8000", "daint");
         no_client.client_id.clear();
@@ -572,52 +570,7 @@ mod tests {
     async fn serve(
         answer: impl Fn(&str, &str) -> (u16, String) + Send + Sync + 'static,
     ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (answer, log) = (std::sync::Arc::new(answer), seen.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut stream, _)) = listener.accept().await else { return };
-                let (answer, log) = (answer.clone(), log.clone());
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    loop {
-                        let mut chunk = [0u8; 4096];
-                        let Ok(n) = stream.read(&mut chunk).await else { return };
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let text = String::from_utf8_lossy(&buf).to_string();
-                        let Some((head, body)) = text.split_once("\r\n\r\n") else { continue };
-                        let length = head
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
-                            })
-                            .and_then(|v| v.parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if body.len() < length {
-                            continue;
-                        }
-                        let (head, body) = (head.to_string(), body[..length].to_string());
-                        buf.drain(..head.len() + 4 + length);
-                        log.lock().expect("log").push(format!("{head}\n\n{body}"));
-                        let (status, reply) = answer(&head, &body);
-                        let out = format!(
-                            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
-                            reply.len()
-                        );
-                        if stream.write_all(out.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (base, seen)
+        serve_on(answer, None).await
     }
 
     #[tokio::test]
@@ -654,5 +607,45 @@ mod tests {
             "{token_request}"
         );
         assert!(seen.iter().any(|r| r.starts_with("GET /compute/s/jobs/5 ")), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn the_token_and_the_jobs_are_fetched_over_https_with_the_site_ca() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (acceptor, ca) = localhost_tls(dir.path());
+        let (base, seen) = serve_on(
+            |head, _body| {
+                if head.starts_with("POST /token") {
+                    return (200, r#"{"access_token":"t1","expires_in":3600}"#.into());
+                }
+                (200, r#"{"jobs":[{"jobId":"7","status":{"state":"PENDING"},"nodes":"None assigned"}]}"#.into())
+            },
+            Some(acceptor),
+        )
+        .await;
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "s\n").expect("write");
+        let mut config =
+            FirecrestConfig::new(&base, "s", format!("{base}/token"), "tela", ClientSecret::File(file.clone()));
+        config.ca_cert = Some(ca);
+        let backend = Firecrest::new(config).expect("valid");
+        let jobs = backend.jobs(&[BatchJobId(7)]).await.expect("listed over https");
+        assert_eq!(jobs[0].state, BatchState::Pending);
+        let seen = seen.lock().expect("log").clone();
+        assert!(seen[0].starts_with("POST /token") && seen[0].ends_with("client_secret=s"), "{seen:?}");
+        assert!(seen.iter().any(|r| r.starts_with("GET /compute/s/jobs/7 ") && r.contains("Bearer t1")), "{seen:?}");
+
+        // Another site's CA does not make the service trusted: the token request says why.
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        let (_, other_ca) = localhost_tls(elsewhere.path());
+        let mut config = FirecrestConfig::new(&base, "s", format!("{base}/token"), "tela", ClientSecret::File(file));
+        config.ca_cert = Some(other_ca);
+        let err = Firecrest::new(config).expect("valid").jobs(&[BatchJobId(7)]).await.unwrap_err();
+        assert!(matches!(err, BatchError::Unreachable { .. }), "{err}");
+        assert!(
+            err.to_string().contains("token request to https://localhost")
+                && err.to_string().contains("TLS: certificate not trusted for host localhost"),
+            "{err}"
+        );
     }
 }

@@ -71,6 +71,9 @@ pub struct JobRequest {
     pub cpus_per_task: u32,
     /// The time limit.
     pub walltime: Duration,
+    /// The least time limit Slurm may shrink the job to, to start it in a backfill window
+    /// (`--time-min`; `None`: the job runs for `walltime` or not at all).
+    pub time_min: Option<Duration>,
     /// How long before the time limit the batch shell gets SIGUSR1 (the drain window).
     pub drain_signal_before: Duration,
     /// Working directory of the job.

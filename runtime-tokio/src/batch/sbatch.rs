@@ -272,7 +272,7 @@ fn gone(stderr: &str) -> bool {
 }
 
 /// The options that ask for `job`'s QoS, resources, time limit and walltime warning (`--qos`, `--nodes`,
-/// `--gres`, `--time`, `--signal=B:USR1@<drain>`, ...): `sbatch` arguments here, `#SBATCH`
+/// `--gres`, `--time`, `--time-min`, `--signal=B:USR1@<drain>`, ...): `sbatch` arguments here, `#SBATCH`
 /// lines where a front door takes only a script (FirecREST).
 pub fn resource_args(job: &JobRequest) -> Vec<String> {
     let mut args = Vec::new();
@@ -285,6 +285,9 @@ pub fn resource_args(job: &JobRequest) -> Vec<String> {
     }
     args.push(format!("--cpus-per-task={}", job.cpus_per_task));
     args.push(format!("--time={}", slurm_time(job.walltime)));
+    if let Some(min) = job.time_min {
+        args.push(format!("--time-min={}", slurm_time(min.min(job.walltime))));
+    }
     if !job.drain_signal_before.is_zero() {
         // Slurm takes whole seconds and at most 65535.
         let secs = job.drain_signal_before.as_secs().clamp(1, 65_535);
@@ -494,6 +497,7 @@ mod tests {
             gpus_per_node: 4,
             cpus_per_task: 16,
             walltime: Duration::from_secs(4 * 3600 + 30),
+            time_min: None,
             drain_signal_before: Duration::from_secs(960),
             working_dir: "/scratch/tela".into(),
             environment: vec![("TELA_JOIN".into(), "gw:7000".into())],
@@ -534,6 +538,20 @@ mod tests {
         low.qos = Some("low".into());
         assert!(s.submit_args(&low).expect("valid").contains(&"--qos=low".to_string()));
         assert!(s.test_only_args(&low).expect("valid").contains(&"--qos=low".to_string()));
+    }
+
+    #[test]
+    fn a_backfill_job_asks_for_its_least_time_never_above_its_limit() {
+        let s = Sbatch::new(SbatchConfig::default());
+        let mut short = request();
+        short.walltime = Duration::from_secs(30 * 60);
+        short.time_min = Some(Duration::from_secs(10 * 60));
+        let args = s.submit_args(&short).expect("valid");
+        let at = args.iter().position(|a| a == "--time=0-00:30:00").expect("time limit");
+        assert_eq!(args[at + 1], "--time-min=0-00:10:00");
+        short.time_min = Some(Duration::from_secs(3600));
+        assert!(s.submit_args(&short).expect("valid").contains(&"--time-min=0-00:30:00".to_string()));
+        assert!(!s.submit_args(&request()).expect("valid").iter().any(|a| a.starts_with("--time-min")));
     }
 
     #[test]

@@ -29,8 +29,11 @@
 //!   template's trap changes nothing), and the job template starts the engine with USR1 ignored
 //!   so that the signal does not kill it.
 //!
-//! Only `http://` URLs: slurmrestd speaks plain HTTP; put it behind a TLS-terminating proxy on
-//! the same host when the gateway reaches it over a network.
+//! The URL may be `http://` (slurmrestd itself, on loopback or a trusted network) or
+//! `https://` (slurmrestd behind a site's TLS front end): HTTPS trusts the system's certificate
+//! store plus, for a site with its own CA, the PEM file [`SlurmRestConfig::ca_cert`], and checks
+//! the certificate against the URL's host. A handshake that fails is an
+//! [`BatchError::Unreachable`] that says why (`TLS: certificate not trusted for host …`).
 //!
 //! ```no_run
 //! use tela_runtime::batch::slurmrest::{SlurmRest, SlurmRestConfig};
@@ -44,10 +47,10 @@
 
 pub mod v0_0_38;
 
-use super::http::{Answer, HttpClient};
+use super::http::{check_url, is_https, tls_for, Answer, HttpClient};
 use super::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchSystem, JobRequest, JobSignal};
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode, Uri};
+use http::{header, Method, Request, StatusCode};
 use http_body_util::Full;
 use std::fmt;
 use std::path::PathBuf;
@@ -110,7 +113,7 @@ impl FromStr for RestVersion {
 /// Where slurmrestd is and whom to speak for.
 #[derive(Clone, Debug)]
 pub struct SlurmRestConfig {
-    /// Base URL, `http://host:port` (a path prefix is kept, for a proxy).
+    /// Base URL, `http(s)://host:port` (a path prefix is kept, for a proxy).
     pub url: String,
     /// The user the token belongs to (`X-SLURM-USER-NAME`).
     pub user: String,
@@ -122,11 +125,13 @@ pub struct SlurmRestConfig {
     pub timeout: Duration,
     /// Environment every job gets, under the request's own (REST jobs inherit nothing).
     pub environment: Vec<(String, String)>,
+    /// A PEM file of CA certificates trusted for an `https://` URL besides the system's.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl SlurmRestConfig {
     /// Settings with the defaults: version discovered, 30 s per request, and
-    /// `PATH=/usr/local/bin:/usr/bin:/bin` as the jobs' base environment.
+    /// `PATH=/usr/local/bin:/usr/bin:/bin` as the jobs' base environment, the system's CAs only.
     pub fn new(url: impl Into<String>, user: impl Into<String>, token_file: impl Into<PathBuf>) -> SlurmRestConfig {
         SlurmRestConfig {
             url: url.into(),
@@ -135,6 +140,7 @@ impl SlurmRestConfig {
             version: None,
             timeout: Duration::from_secs(30),
             environment: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+            ca_cert: None,
         }
     }
 }
@@ -176,21 +182,12 @@ impl SlurmRest {
 
     /// A backend that speaks `version` (no request is made).
     pub fn with_version(config: SlurmRestConfig, version: RestVersion) -> Result<SlurmRest, BatchError> {
-        let base = config.url.trim().trim_end_matches('/').to_string();
-        let bad = |detail: String| Err(BatchError::Refused { backend: BACKEND, detail });
-        match base.parse::<Uri>() {
-            Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
-            Ok(uri) if uri.scheme_str() == Some("https") => {
-                return bad(format!(
-                    "'{base}': slurmrestd speaks plain HTTP; reach it on loopback or through a TLS proxy's http:// side"
-                ))
-            }
-            _ => return bad(format!("'{}' is not an http:// URL (e.g. http://127.0.0.1:6820)", config.url)),
-        }
+        let base = check_url(BACKEND, &config.url, "the slurmrestd URL", "http://127.0.0.1:6820")?;
         if config.user.is_empty() {
-            return bad("no user name for X-SLURM-USER-NAME".into());
+            return Err(BatchError::Refused { backend: BACKEND, detail: "no user name for X-SLURM-USER-NAME".into() });
         }
-        let client = HttpClient::new(BACKEND, config.timeout);
+        let tls = tls_for(BACKEND, is_https(&base), config.ca_cert.as_deref())?;
+        let client = HttpClient::new(BACKEND, config.timeout, tls);
         Ok(SlurmRest {
             name: format!("{BACKEND} {version}"),
             config,
@@ -432,6 +429,7 @@ impl BatchSystem for SlurmRest {
 
 #[cfg(test)]
 mod tests {
+    use super::super::http::test_server::{localhost_tls, serve_on};
     use super::*;
 
     #[test]
@@ -452,13 +450,15 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_and_a_user_are_accepted() {
+    fn only_web_urls_and_a_user_are_accepted() {
         let config = |url: &str| SlurmRestConfig::new(url, "alice", "/nonexistent");
         assert!(SlurmRest::with_version(config("http://127.0.0.1:6820/"), RestVersion::V0_0_38).is_ok());
-        let err = SlurmRest::with_version(config("https://slurm:6820"), RestVersion::V0_0_38).unwrap_err();
-        assert!(err.to_string().contains("plain HTTP"), "{err}");
         let err = SlurmRest::with_version(config("slurm:6820"), RestVersion::V0_0_38).unwrap_err();
-        assert!(err.to_string().contains("http://"), "{err}");
+        assert!(err.to_string().contains("not an http:// or https:// URL"), "{err}");
+        let mut stray_ca = config("http://127.0.0.1:6820");
+        stray_ca.ca_cert = Some("/etc/tela/ca.pem".into());
+        let err = SlurmRest::with_version(stray_ca, RestVersion::V0_0_38).unwrap_err();
+        assert!(err.to_string().contains("no URL is https://"), "{err}");
         let mut nobody = config("http://127.0.0.1:6820");
         nobody.user.clear();
         assert!(SlurmRest::with_version(nobody, RestVersion::V0_0_38).is_err());
@@ -494,5 +494,34 @@ mod tests {
         let rest = SlurmRest::with_version(config, RestVersion::V0_0_38).expect("valid");
         let err = rest.jobs(&[BatchJobId(1)]).await.unwrap_err();
         assert!(matches!(err, BatchError::Unreachable { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn slurmrestd_is_reached_over_https_with_the_site_ca() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("jwt");
+        std::fs::write(&file, "t\n").expect("write");
+        let (acceptor, ca) = localhost_tls(dir.path());
+        let (base, seen) = serve_on(|_head, _body| (200, r#"{"errors":[]}"#.into()), Some(acceptor)).await;
+        let mut config = SlurmRestConfig::new(&base, "alice", &file);
+        config.ca_cert = Some(ca);
+        let rest = SlurmRest::with_version(config, RestVersion::V0_0_38).expect("valid");
+        rest.cancel(BatchJobId(5)).await.expect("cancelled over https");
+        let seen = seen.lock().expect("log").clone();
+        assert!(
+            seen[0].starts_with("DELETE /slurm/v0.0.38/job/5 ") && seen[0].contains("x-slurm-user-token: t"),
+            "{seen:?}"
+        );
+
+        // The system's roots do not trust the site's self-signed certificate: the error says so.
+        let rest = SlurmRest::with_version(SlurmRestConfig::new(&base, "alice", &file), RestVersion::V0_0_38);
+        match rest {
+            Ok(rest) => {
+                let err = rest.cancel(BatchJobId(5)).await.unwrap_err();
+                assert!(matches!(err, BatchError::Unreachable { .. }), "{err}");
+                assert!(err.to_string().contains("TLS: certificate not trusted for host localhost"), "{err}");
+            }
+            Err(err) => assert!(err.to_string().contains("no trusted certificates"), "{err}"),
+        }
     }
 }

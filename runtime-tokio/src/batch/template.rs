@@ -95,6 +95,10 @@ pub struct JobTemplate {
     pub engine_port: Option<u16>,
     /// How long before the time limit the node starts draining.
     pub drain_window: Duration,
+    /// A backfill-friendly job: the least time limit Slurm may shrink it to
+    /// ([`JobRequest::time_min`]); the node reads the limit it got from Slurm, so it drains in
+    /// time either way.
+    pub time_min: Option<Duration>,
     /// Partition, if not the cluster's default.
     pub partition: Option<String>,
     /// Account to charge.
@@ -166,6 +170,7 @@ impl JobTemplate {
             engine_cmd: engine_cmd.into(),
             engine_port: None,
             drain_window: Duration::from_secs(15 * 60),
+            time_min: None,
             partition: None,
             account: None,
             qos: None,
@@ -213,6 +218,7 @@ impl JobTemplate {
             gpus_per_node,
             cpus_per_task: self.cpus_per_task.max(1),
             walltime,
+            time_min: self.time_min.map(|m| m.min(walltime)),
             drain_signal_before: self.drain_window + DRAIN_SIGNAL_SLACK,
             working_dir: self.working_dir.clone(),
             // The script sets Tela's variables itself; the job's environment carries nothing
@@ -271,6 +277,12 @@ impl JobTemplate {
         s.push_str("#!/bin/bash\n");
         s.push_str(&format!("# A Tela serving node for model {}, rendered by Tela's job template.\n", sh_quote(model)));
         s.push_str(&format!("# Placement: {}\n", one_line(&placement.to_string())));
+        if let Some(min) = self.time_min {
+            s.push_str(&format!(
+                "# Backfill job: --time-min={}s; Slurm may start it with a shorter limit, which the node reads.\n",
+                min.as_secs()
+            ));
+        }
         s.push_str("set -u\n");
         for (k, v) in env {
             s.push_str(&format!("export {k}={}\n", sh_quote(v)));
@@ -433,6 +445,20 @@ mod tests {
             engine,
             "vllm serve 'org/llama'\\''s-70b' --quantization 'awq' --port \"$TELA_ENGINE_PORT\" -tp 4 -pp 2 # 8 GPUs {x}"
         );
+    }
+
+    #[test]
+    fn a_backfill_job_carries_its_least_time_never_above_its_limit() {
+        let mut t = template();
+        let plain = t.render("m", &placement(1, 1), Duration::from_secs(3600)).expect("renders");
+        assert_eq!(plain.time_min, None);
+        assert!(!plain.script.contains("--time-min"));
+        t.time_min = Some(Duration::from_secs(900));
+        let short = t.render("m", &placement(1, 1), Duration::from_secs(1800)).expect("renders");
+        assert_eq!((short.walltime, short.time_min), (Duration::from_secs(1800), Some(Duration::from_secs(900))));
+        assert!(short.script.contains("# Backfill job: --time-min=900s"), "{}", short.script);
+        let capped = t.render("m", &placement(1, 1), Duration::from_secs(700 + 60)).expect("renders");
+        assert_eq!(capped.time_min, Some(Duration::from_secs(760)), "never above the walltime");
     }
 
     #[test]

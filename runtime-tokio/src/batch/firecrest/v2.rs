@@ -211,6 +211,7 @@ mod tests {
             gpus_per_node: 2,
             cpus_per_task: 4,
             walltime: Duration::from_secs(3600),
+            time_min: None,
             drain_signal_before: Duration::from_secs(660),
             working_dir: "/tmp".into(),
             environment: vec![("HF_HOME".into(), "/scratch/hf cache".into())],
@@ -235,6 +236,15 @@ mod tests {
         let first_command = lines.iter().position(|l| *l == "set -eu").expect("body kept");
         assert!(lines.iter().rposition(|l| l.starts_with("#SBATCH")).expect("directives") < first_command);
         assert!(script.ends_with("echo hi\n"));
+    }
+
+    #[test]
+    fn a_backfill_job_carries_its_least_time_as_a_directive() {
+        let mut short = job();
+        short.time_min = Some(Duration::from_secs(600));
+        let script = script_with_directives(&short);
+        assert!(script.lines().any(|l| l == "#SBATCH --time-min=0-00:10:00"), "{script}");
+        assert!(!script_with_directives(&job()).contains("--time-min"));
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct JobProperties<'a> {
     pub gres: Option<String>,
     /// Time limit in minutes.
     pub time_limit: u64,
+    /// The least time limit in minutes Slurm may shrink the job to (backfill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_minimum: Option<u64>,
     /// Working directory.
     pub current_working_directory: &'a str,
     /// The job's whole environment.
@@ -84,6 +87,7 @@ impl<'a> SubmitRequest<'a> {
                 cpus_per_task: job.cpus_per_task,
                 gres: (job.gpus_per_node > 0).then(|| format!("gpu:{}", job.gpus_per_node)),
                 time_limit: job.walltime.as_secs().div_ceil(60),
+                time_minimum: job.time_min.map(|m| m.min(job.walltime).as_secs().div_ceil(60)),
                 current_working_directory: &job.working_dir,
                 environment,
             },
@@ -236,6 +240,7 @@ mod tests {
             gpus_per_node: 4,
             cpus_per_task: 8,
             walltime: Duration::from_secs(3600 + 1),
+            time_min: None,
             drain_signal_before: Duration::from_secs(960),
             working_dir: "/scratch".into(),
             environment: vec![("PATH".into(), "/opt/tela/bin:/usr/bin".into()), ("TELA_JOIN".into(), "gw:7000".into())],
@@ -260,6 +265,27 @@ mod tests {
                 }
             })
         );
+    }
+
+    #[test]
+    fn a_backfill_job_asks_for_its_least_time_in_minutes() {
+        let job = JobRequest {
+            name: "tela-llama".into(),
+            script: "#!/bin/bash\ntrue\n".into(),
+            partition: None,
+            account: None,
+            qos: None,
+            nodes: 1,
+            gpus_per_node: 1,
+            cpus_per_task: 8,
+            walltime: Duration::from_secs(30 * 60),
+            time_min: Some(Duration::from_secs(10 * 60 + 1)),
+            drain_signal_before: Duration::from_secs(120),
+            working_dir: "/scratch".into(),
+            environment: Vec::new(),
+        };
+        let body = serde_json::to_value(SubmitRequest::new(&job, &[])).expect("serializes");
+        assert_eq!((body["job"]["time_limit"].as_u64(), body["job"]["time_minimum"].as_u64()), (Some(30), Some(11)));
     }
 
     #[test]
