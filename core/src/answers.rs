@@ -97,6 +97,12 @@ impl Answers {
     }
 
     /// Whether the next round has answers to pay or a spent budget to renew.
+    /// Heap bytes of the answers owed ([`crate::heap`]).
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        crate::heap::array::<Owed>(self.owed.capacity())
+            + self.owed.iter().map(|o| crate::heap::array::<NodeId>(o.records.capacity())).sum::<u64>()
+    }
+
     pub(crate) fn round_has_work(&self) -> bool {
         self.per_round.is_some_and(|n| self.left < n || !self.owed.is_empty())
     }

@@ -176,6 +176,16 @@ pub struct BroadcastQueue<T> {
 }
 
 impl<T: Update> BroadcastQueue<T> {
+    /// Heap bytes of the queue's tables ([`crate::heap`]); what the items point to (records,
+    /// encodings) is not counted.
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        use crate::heap::{array, btree, hash_table};
+        array::<Option<Entry<T>>>(self.slab.capacity())
+            + array::<u32>(self.free.capacity())
+            + hash_table::<(NodeId, u32)>(self.index.capacity())
+            + btree::<(Rank, u32)>(self.order.len())
+    }
+
     /// An empty queue: each item sent at most `ceil(lambda · log2(n + 1))` times (at least once;
     /// a negative or non-finite `lambda` counts as zero), at most `capacity` items (at least one).
     pub fn new(lambda: f64, capacity: usize) -> BroadcastQueue<T> {

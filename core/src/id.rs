@@ -87,6 +87,11 @@ impl IdIndex {
         self.table.len()
     }
 
+    /// Heap bytes of the index ([`crate::heap`]).
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        crate::heap::hash_table::<u32>(self.table.capacity())
+    }
+
     /// The number at which the owner holds `id`.
     pub(crate) fn find(&self, id: &NodeId, id_at: impl Fn(u32) -> Option<NodeId>) -> Option<u32> {
         self.table.find(self.hasher.hash_one(id), |&n| id_at(n) == Some(*id)).copied()

@@ -271,6 +271,17 @@ struct Fetching {
 }
 
 impl Membership {
+    /// Adds the heap bytes of the membership's tables to `heap` ([`crate::heap`]).
+    pub(crate) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
+        use crate::heap::{array, btree, hash_table};
+        self.detector.heap_bytes(heap);
+        heap.queues += self.records.heap_bytes() + self.suspicions.heap_bytes();
+        heap.suspicions += btree::<NodeId>(self.suspects.len());
+        heap.other += array::<(NodeId, Time)>(self.told_down.capacity())
+            + hash_table::<(NodeId, Fetching)>(self.fetching.capacity())
+            + self.answers.heap_bytes();
+    }
+
     pub(crate) fn new(settings: MembershipSettings, local: NodeId, rng_seed: u64, now: Time) -> Membership {
         let detector = Swim::new(local, settings.detector.clone(), rng_seed ^ 0x5157_494d, now);
         let lambda = f64::from(settings.retransmit_mult);

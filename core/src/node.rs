@@ -3,6 +3,7 @@
 use crate::anti_entropy::AntiEntropy;
 use crate::auth::{self, Forgery, Identity, Verifier};
 use crate::hardware::Hardware;
+use crate::heap::HeapBytes;
 use crate::id::NodeId;
 use crate::intern::Interner;
 use crate::lifecycle::Local;
@@ -458,6 +459,16 @@ impl Node {
             self.outputs.shrink_to(OUTPUTS_KEPT);
         }
         Output::Timeout(self.timers.next_deadline())
+    }
+
+    /// The heap bytes of this node's tables, by table ([`crate::heap`]).
+    pub fn heap_bytes(&self) -> HeapBytes {
+        let mut heap = HeapBytes::default();
+        self.replica.heap_bytes(&mut heap);
+        self.membership.heap_bytes(&mut heap);
+        heap.other += crate::heap::array::<Output>(self.outputs.capacity())
+            + crate::heap::array::<NodeId>(self.connected.capacity());
+        heap
     }
 
     /// This node's replica of the registry.

@@ -158,6 +158,23 @@ pub struct Replica {
     resurrections_refused: u64,
 }
 
+impl Replica {
+    /// Adds the heap bytes of the replica's tables to `heap` ([`crate::heap`]).
+    pub(crate) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
+        use crate::heap::{array, btree, hash_table};
+        heap.replica_slots += array::<Slot>(self.slots.capacity());
+        heap.replica_index += self.index.heap_bytes();
+        heap.replica_buckets += array::<u32>(BUCKETS)
+            + array::<Vec<u32>>(self.by_bucket.len())
+            + self.by_bucket.iter().map(|b| array::<u32>(b.capacity())).sum::<u64>();
+        heap.replica_hosts += hash_table::<(String, Vec<u32>)>(self.hosts.capacity())
+            + self.hosts.iter().map(|(m, h)| array::<u8>(m.capacity()) + array::<u32>(h.capacity())).sum::<u64>();
+        heap.replica_other += hash_table::<(NodeId, (u64, Time))>(self.deleted.capacity())
+            + btree::<NodeId>(self.tombstones.len())
+            + btree::<NodeId>(self.downs.len());
+    }
+}
+
 /// What [`Replica::collect_tombstones`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Collected {

@@ -281,6 +281,21 @@ pub struct Swim {
 }
 
 impl Swim {
+    /// Adds the heap bytes of the detector's tables to `heap` ([`crate::heap`]).
+    pub(crate) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
+        use crate::heap::{array, btree, hash_table};
+        self.members.heap_bytes(heap);
+        heap.probe_order += array::<u32>(self.order.capacity());
+        heap.suspicions += hash_table::<(NodeId, Suspicion)>(self.suspected.capacity())
+            + self.suspected.values().map(|s| array::<NodeId>(s.suspecters.capacity())).sum::<u64>()
+            + btree::<(Time, NodeId)>(self.suspicions.len())
+            + hash_table::<(NodeId, NodeId)>(self.vouchers.capacity())
+            + btree::<(NodeId, Time)>(self.leases.len());
+        heap.other += array::<Relay>(self.relays.capacity())
+            + array::<Action>(self.actions.capacity())
+            + array::<Event>(self.events.capacity());
+    }
+
     /// A detector for node `local` at incarnation 0 with no members; the first probe falls at a
     /// random point of the first period so that nodes started together do not probe in step.
     ///

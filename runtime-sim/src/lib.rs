@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod heap;
 pub mod liar;
 pub mod plot;
 mod pool;

@@ -11,10 +11,16 @@ use tela_core::{Intern, Interner, Record, SharedRecord};
 
 /// The pool shared by the simulated nodes of this thread.
 pub(crate) fn shared_interner() -> Interner {
-    thread_local! {
-        static SHARED: Interner = Interner::shared(Arc::new(Pool::default()));
-    }
-    SHARED.with(Interner::clone)
+    SHARED.with(|pool| Interner::shared(pool.clone()))
+}
+
+/// Records the pool of this thread holds.
+pub(crate) fn pooled_records() -> usize {
+    SHARED.with(|pool| pool.lock().held.len())
+}
+
+thread_local! {
+    static SHARED: Arc<Pool> = Arc::new(Pool::default());
 }
 
 /// Pooled records no replica holds any more are dropped when the pool has doubled since the

@@ -205,6 +205,9 @@ pub struct Report {
     pub seconds: Seconds,
     /// Peak resident memory.
     pub peak_rss_mb: u64,
+    /// Where the memory was when the most was live ([`crate::heap`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap: Option<crate::heap::HeapSample>,
     /// Determinism hash over the event trace: equal for equal scenario and seed.
     pub hash: String,
     /// Largest datagram sent.
@@ -371,6 +374,7 @@ impl Report {
             events_by_kind: sim.events_by_kind,
             seconds: Seconds::build(&t.events_per_second, nodes, &sim.sc.partition),
             peak_rss_mb: peak_rss_mb(),
+            heap: sim.heap.clone(),
             hash: format!("{:016x}", sim.trace_hash()),
             max_datagram_bytes: t.max_datagram,
             datagrams: t.datagrams,
@@ -462,6 +466,7 @@ impl Report {
         format!(
             "{scenario} seed {seed}{swarm}: {nodes} nodes, {sim:.0} s simulated in {wall:.1} s wall{setup} ({eps:.0} events/s; {wakes:.0}% timer wakes, {deliveries:.0}% datagrams), peak RSS {rss} MB, hash {hash}\n\
              {seconds}\n\
+             {heap}\
              network: loss {loss:.3}, dup {dup:.3}, reorder {reo:.3}, {parts} partition(s), {idle} connection(s) timed out; max datagram {maxd} B; {bps:.0} B/s per node (steady {tail:.0})\n\
              convergence: p50 {c50:.0} ms, p99 {c99:.0} ms, max {c100:.0} ms over {cn} changes ({cinc} incomplete{cpend}); Serf 99.99% bound {serf:.0} ms; once formed: p50 {s50:.0} ms, p99 {s99:.0} ms over {sn}; apart from partitions: p50 {a50:.0} ms, p99 {a99:.0} ms, max {a100:.0} ms over {an} (to 99.99%: p99 {m99:.0} ms, max {m100:.0} ms)\n\
              detection: p50 {d50:.0} ms, max {d100:.0} ms over {dn} kills (gateways max {g100:.0} ms, {byc} at a connection's timeout; gateway registries max {r100:.0} ms; {dinc} incomplete, {drst} restarted first{dpend}); false unroutable {fu}, false DOWN {fd}, DOWN marks signed {dm}\n\
@@ -484,6 +489,7 @@ impl Report {
             deliveries = self.events_by_kind.share(self.events_by_kind.deliveries),
             rss = self.peak_rss_mb,
             seconds = self.seconds.line(),
+            heap = self.heap.as_ref().map_or(String::new(), |h| format!("{}\n", h.line())),
             hash = self.hash,
             loss = self.network.loss,
             dup = self.network.duplicate,

@@ -267,6 +267,8 @@ pub struct Sim {
     pub(crate) events_by_kind: crate::report::EventKinds,
     pub(crate) violation: Option<String>,
     pub(crate) aborted: Option<String>,
+    /// The heap sample with the most bytes live so far (every five simulated seconds).
+    pub(crate) heap: Option<crate::heap::HeapSample>,
     pub(crate) limits: Limits,
     started: std::time::Instant,
     /// Wall seconds spent building the world (a formed federation's restore) before the first
@@ -333,6 +335,7 @@ impl Sim {
             events_by_kind: crate::report::EventKinds::default(),
             violation: None,
             aborted: None,
+            heap: None,
             limits,
             started: std::time::Instant::now(),
             setup_wall_s: 0.0,
@@ -690,6 +693,7 @@ impl Sim {
         }
         crate::liar::tick(self);
         if self.t.seconds % 5 == 0 {
+            self.sample_heap();
             if self.t.tracing {
                 let running = || self.hosts.iter().filter_map(|h| h.node.as_ref());
                 let nodes = running().count();
@@ -716,6 +720,25 @@ impl Sim {
             }
         }
         self.after(1_000_000, Kind::Sample);
+    }
+
+    /// Sums the running nodes' tables; keeps the sample if it has the most bytes live so far.
+    fn sample_heap(&mut self) {
+        let running = || self.hosts.iter().filter_map(|h| h.node.as_ref());
+        let sample = crate::heap::HeapSample::take(
+            self.t.seconds,
+            running().map(|n| n.heap_bytes()).sum(),
+            running().count(),
+            running().map(|n| n.replica().len() as u64).sum(),
+            crate::pool::pooled_records(),
+        );
+        if self.t.tracing {
+            eprintln!("{}", sample.line());
+        }
+        let size = |s: &crate::heap::HeapSample| (s.live_bytes, s.tables_total());
+        if self.heap.as_ref().map_or(true, |kept| size(&sample) > size(kept)) {
+            self.heap = Some(sample);
+        }
     }
 
     fn liveness_check(&mut self) {

@@ -45,6 +45,13 @@ fn a_formed_federation_serves_from_the_first_request() {
     assert_eq!((r.failed, r.no_capacity), (0, 0), "{}", formed.summary());
     // Nothing changed once formed: the nodes' first states are not counted as changes.
     assert_eq!(formed.convergence.latency.count, 0, "{}", formed.summary());
+    // Where the memory went: every replica holds every node (42 × 42 entries), the tables are
+    // counted, and they are part of what the allocator counts as live.
+    let heap = formed.heap.as_ref().expect("a heap sample");
+    assert_eq!((heap.nodes, heap.entries), (42, 42 * 42), "{heap:?}");
+    assert!(heap.tables["replica_slots"] > 0 && heap.tables["members"] > 0, "{heap:?}");
+    let tables = heap.tables_total();
+    assert!(tables > 0 && tables <= heap.live_bytes && heap.live_bytes <= heap.peak_live_bytes, "{heap:?}");
     // The same federation joining: the first requests find no node serving yet.
     let joining = Sim::new(scenario("join_spread_s = 5", quiet), 1, false, Limits::default()).run();
     assert!(joining.passed(), "{}", joining.summary());

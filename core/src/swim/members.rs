@@ -31,6 +31,13 @@ impl Members {
         self.index.len()
     }
 
+    /// Adds the heap bytes of the table and its index to `heap` ([`crate::heap`]).
+    pub(super) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
+        heap.members +=
+            crate::heap::array::<Option<Entry>>(self.slab.capacity()) + crate::heap::array::<u32>(self.free.capacity());
+        heap.members_index += self.index.heap_bytes();
+    }
+
     /// The slab number of `id`.
     pub(super) fn number(&self, id: &NodeId) -> Option<u32> {
         self.index.find(id, |n| id_in(&self.slab, n))
