@@ -57,10 +57,9 @@ export ZIG_LOCAL_CACHE_DIR=$CACHE/zig-cache
 export XDG_CACHE_HOME=$CACHE/xdg
 log "zig $(python -m ziglang version), $(cargo-zigbuild --version)"
 
-# No debug info: with the workspace's release profile (`debug = 1`) the binary is several times
-# larger, and an operator copies it to every node. A panic's message still names the file and
-# line; backtraces have no function names.
-export CARGO_PROFILE_RELEASE_DEBUG=0
+# The workspace's release profile carries no debug info; the strip below also drops the symbol
+# table, since an operator copies the binary to every node. A panic's message still names the
+# file and line; backtraces have no function names.
 start=$(date +%s)
 cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p tela-gateway --bin tela
 built=$TARGET_DIR/$TRIPLE/release/tela
