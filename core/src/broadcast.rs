@@ -20,7 +20,8 @@
 //!
 //! Every operation is `O(log m)` for `m` queued items: each item is stored once in a slab, the
 //! send order is a B-tree map from `(sends, newest first)` to slab numbers, and a hash index
-//! from key to slab number finds an item by key. The logarithm is computed
+//! of slab numbers finds an item by key (reading the key from the slab). A queue that empties
+//! gives its room back. The logarithm is computed
 //! in fixed point, so the limit is the same on every platform and replays bit for bit.
 //!
 //! # How the node drives it
@@ -33,13 +34,10 @@
 //! encoded items it is handed. [`RecordUpdate`] carries a record together with its encoding for
 //! exactly this.
 
-use crate::id::NodeId;
+use crate::id::{IdIndex, NodeId};
 use crate::record::SharedRecord;
 use bytes::Bytes;
 use core::cmp::Reverse;
-use core::hash::BuildHasher;
-use foldhash::fast::FixedState;
-use hashbrown::HashTable;
 use std::collections::BTreeMap;
 
 /// Something the [`BroadcastQueue`] can carry.
@@ -167,10 +165,8 @@ pub struct BroadcastQueue<T> {
     /// The queued items; `None` where `free` lists a hole.
     slab: Vec<Option<Entry<T>>>,
     free: Vec<u32>,
-    /// Slab numbers by the key of their item (kept here too: finding an item never touches
-    /// the slab or the item).
-    index: HashTable<(NodeId, u32)>,
-    hasher: FixedState,
+    /// Slab numbers by the key of their item (4 bytes an item: the key is read from the slab).
+    index: IdIndex,
     order: BTreeMap<Rank, u32>,
     evicted: u64,
 }
@@ -179,10 +175,10 @@ impl<T: Update> BroadcastQueue<T> {
     /// Heap bytes of the queue's tables ([`crate::heap`]); what the items point to (records,
     /// encodings) is not counted.
     pub(crate) fn heap_bytes(&self) -> u64 {
-        use crate::heap::{array, btree, hash_table};
+        use crate::heap::{array, btree};
         array::<Option<Entry<T>>>(self.slab.capacity())
             + array::<u32>(self.free.capacity())
-            + hash_table::<(NodeId, u32)>(self.index.capacity())
+            + self.index.heap_bytes()
             + btree::<(Rank, u32)>(self.order.len())
     }
 
@@ -196,8 +192,7 @@ impl<T: Update> BroadcastQueue<T> {
             next_seq: 0,
             slab: Vec::new(),
             free: Vec::new(),
-            index: HashTable::new(),
-            hasher: FixedState::default(),
+            index: IdIndex::default(),
             order: BTreeMap::new(),
             evicted: 0,
         }
@@ -247,8 +242,8 @@ impl<T: Update> BroadcastQueue<T> {
             }
         }
         let at = crate::slab_insert(&mut self.slab, &mut self.free, Entry { item, sends: 0, seq });
-        let hasher = &self.hasher;
-        self.index.insert_unique(hasher.hash_one(key), (key, at), |(k, _)| hasher.hash_one(k));
+        let slab = &self.slab;
+        self.index.insert(key, at, |n| key_in(slab, n));
         self.order.insert((0, Reverse(seq)), at);
         self.next_seq += 1;
         Queued::Added
@@ -299,6 +294,7 @@ impl<T: Update> BroadcastQueue<T> {
                 self.order.insert((sends, seq), at);
             }
         }
+        self.release_if_empty();
         used
     }
 
@@ -307,6 +303,7 @@ impl<T: Update> BroadcastQueue<T> {
         let at = self.position(key)?;
         let e = self.vacate(at)?;
         self.order.remove(&(e.sends, Reverse(e.seq)));
+        self.release_if_empty();
         Some(e.item)
     }
 
@@ -327,7 +324,7 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// True when nothing is queued.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// The most items the queue holds.
@@ -342,8 +339,7 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// The slab number of the item queued for `key`.
     fn position(&self, key: &NodeId) -> Option<u32> {
-        let hash = self.hasher.hash_one(key);
-        self.index.find(hash, |(k, _)| k == key).map(|&(_, at)| at)
+        self.index.find(key, |n| key_in(&self.slab, n))
     }
 
     fn entry(&self, key: &NodeId) -> Option<&Entry<T>> {
@@ -353,21 +349,32 @@ impl<T: Update> BroadcastQueue<T> {
     /// Takes the item at slab number `at` out of the slab and the key index (not out of the
     /// send order: callers hold or remove its rank themselves).
     fn vacate(&mut self, at: u32) -> Option<Entry<T>> {
-        let key = key_at(&self.slab, at);
-        let hash = self.hasher.hash_one(key);
-        if let Ok(found) = self.index.find_entry(hash, |&(_, i)| i == at) {
-            found.remove();
-        }
+        let key = key_in(&self.slab, at)?;
+        self.index.forget(&key, at);
         let e = self.slab[at as usize].take()?;
         self.free.push(at);
         Some(e)
     }
+
+    /// Gives an emptied queue's tables back to the allocator once they have grown past a few
+    /// items: a heal fills every node's queues to thousands of items, and the room would
+    /// otherwise stay with each node for good. Slab numbers are internal, so nothing else moves.
+    fn release_if_empty(&mut self) {
+        if self.index.len() == 0 && self.slab.capacity() > RELEASE_ABOVE {
+            debug_assert!(self.order.is_empty());
+            self.slab = Vec::new();
+            self.free = Vec::new();
+            self.index = IdIndex::default();
+        }
+    }
 }
 
-/// The key of the item at slab number `at`; the slab numbers in the index and the send order
-/// always point at a queued item.
-fn key_at<T: Update>(slab: &[Option<Entry<T>>], at: u32) -> NodeId {
-    slab[at as usize].as_ref().map_or(NodeId([0; 16]), |e| e.item.key())
+/// An emptied queue whose slab had room for more items than this gives its tables back.
+const RELEASE_ABOVE: usize = 64;
+
+/// The key of the item at slab number `at`, if it holds one.
+fn key_in<T: Update>(slab: &[Option<Entry<T>>], at: u32) -> Option<NodeId> {
+    slab.get(at as usize)?.as_ref().map(|e| e.item.key())
 }
 
 /// `1.0` in the fixed-point format of [`log2_fixed`].
@@ -401,7 +408,10 @@ mod tests {
     impl<T: Update> BroadcastQueue<T> {
         /// The send order as `(sends, newest first, key)`.
         fn ranks(&self) -> Vec<(u32, Reverse<u64>, NodeId)> {
-            self.order.iter().map(|(&(sends, seq), &at)| (sends, seq, key_at(&self.slab, at))).collect()
+            self.order
+                .iter()
+                .map(|(&(sends, seq), &at)| (sends, seq, key_in(&self.slab, at).expect("a ranked item is queued")))
+                .collect()
         }
     }
     use proptest::prelude::*;
@@ -434,6 +444,35 @@ mod tests {
         let mut out = Vec::new();
         q.fill(budget, n, |u, _| out.push(u.clone()));
         out
+    }
+
+    #[test]
+    fn an_emptied_queue_gives_its_room_back_and_keeps_working() {
+        let mut q = BroadcastQueue::new(1.0, 10_000);
+        for k in 0..1_000 {
+            q.push(up(k, 1, 10));
+        }
+        let full = q.heap_bytes();
+        assert!(full > 1_000 * 20, "{full} bytes for 1,000 items");
+        // One node: every item is sent once and leaves.
+        let mut sent = 0;
+        while !q.is_empty() {
+            sent += fill_all(&mut q, 1_000, 1).len();
+        }
+        assert_eq!(sent, 1_000);
+        assert_eq!(q.heap_bytes(), 0, "an empty queue holds no tables");
+        q.push(up(7, 2, 10));
+        assert_eq!(q.get(&NodeId::from_u64(7)), Some(&up(7, 2, 10)));
+        assert_eq!(fill_all(&mut q, 100, 1), vec![up(7, 2, 10)]);
+        // A queue that never grew past a few items keeps them.
+        for k in 0..3 {
+            q.push(up(k, 1, 10));
+        }
+        assert!(q.remove(&NodeId::from_u64(0)).is_some());
+        let small = q.heap_bytes();
+        q.remove(&NodeId::from_u64(1));
+        q.remove(&NodeId::from_u64(2));
+        assert!(q.is_empty() && q.heap_bytes() > 0 && q.heap_bytes() <= small);
     }
 
     #[test]
