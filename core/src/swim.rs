@@ -1361,21 +1361,21 @@ mod tests {
 
         /// The probe order holds each probeable, unconfirmed member once; the suspicion
         /// deadlines are exactly those of the suspected members.
-        fn check_invariants(&self) -> Result<(), String> {
+        fn check_invariants(&self) -> Result<(), InvariantError> {
             let mut sorted = self.order.clone();
             sorted.sort();
             sorted.dedup();
             if sorted.len() != self.order.len() {
-                return Err(format!("duplicate in probe order {:?}", self.order));
+                return Err(InvariantError::DuplicateInOrder { order: self.order.clone() });
             }
             for (id, m) in self.members.iter() {
                 let should = m.probeable && m.standing != Standing::Confirmed;
                 if should != self.members.number(&id).is_some_and(|n| self.order.contains(&n)) {
-                    return Err(format!("{id:?} in probe order: {}, should be {should}", !should));
+                    return Err(InvariantError::OrderMembership { id, present: !should, should });
                 }
             }
             if self.order.len() > self.members.len() || self.cursor > self.order.len() {
-                return Err(format!("cursor {} over order {:?}", self.cursor, self.order));
+                return Err(InvariantError::CursorOverOrder { cursor: self.cursor, order: self.order.clone() });
             }
             let expected: BTreeSet<(Time, NodeId)> = self
                 .members
@@ -1387,23 +1387,85 @@ mod tests {
                 .collect();
             let suspects = self.members.iter().filter(|(_, m)| m.standing == Standing::Suspect).count();
             if suspects != self.suspected.len() || expected.len() != suspects {
-                return Err(format!("{suspects} suspects, {} suspicions kept", self.suspected.len()));
+                return Err(InvariantError::SuspicionCount { suspects, kept: self.suspected.len() });
             }
             if expected != self.suspicions {
-                return Err(format!("suspicion deadlines {:?}, members say {expected:?}", self.suspicions));
+                return Err(InvariantError::SuspicionDeadlines { kept: self.suspicions.clone(), expected });
             }
             if self.health > self.config.max_health {
-                return Err(format!("health {} over {}", self.health, self.config.max_health));
+                return Err(InvariantError::HealthOverMax { health: self.health, max: self.config.max_health });
             }
             // Leases are held on members only, and a held lease is checked.
-            if let Some(id) = self.leases.keys().find(|id| !self.members.contains_key(id)) {
-                return Err(format!("lease on {id:?}, not a member"));
+            if let Some(&id) = self.leases.keys().find(|id| !self.members.contains_key(id)) {
+                return Err(InvariantError::LeaseOnNonMember { id });
             }
             if !self.leases.is_empty() && self.next_lease_check == Time::NEVER {
-                return Err("leases held but never checked".into());
+                return Err(InvariantError::LeasesUnchecked);
             }
             Ok(())
         }
+    }
+
+    /// A broken invariant of [`Swim`]'s bookkeeping. Checking changes nothing.
+    #[derive(Debug, thiserror::Error)]
+    enum InvariantError {
+        /// A member appears twice in the probe order.
+        #[error("duplicate in probe order {order:?}")]
+        DuplicateInOrder {
+            /// The probe order.
+            order: Vec<u32>,
+        },
+        /// A member is in the probe order and should not be, or the reverse.
+        #[error("{id:?} in probe order: {present}, should be {should}")]
+        OrderMembership {
+            /// The member.
+            id: NodeId,
+            /// Whether it is in the order.
+            present: bool,
+            /// Whether it should be.
+            should: bool,
+        },
+        /// The order is longer than the member list, or the cursor is past its end.
+        #[error("cursor {cursor} over order {order:?}")]
+        CursorOverOrder {
+            /// The cursor.
+            cursor: usize,
+            /// The probe order.
+            order: Vec<u32>,
+        },
+        /// The suspicions kept do not match the suspected members in number.
+        #[error("{suspects} suspects, {kept} suspicions kept")]
+        SuspicionCount {
+            /// Members standing as suspect.
+            suspects: usize,
+            /// Suspicions kept.
+            kept: usize,
+        },
+        /// The suspicion deadlines do not match those of the suspected members.
+        #[error("suspicion deadlines {kept:?}, members say {expected:?}")]
+        SuspicionDeadlines {
+            /// The deadlines kept.
+            kept: BTreeSet<(Time, NodeId)>,
+            /// The deadlines the suspected members have.
+            expected: BTreeSet<(Time, NodeId)>,
+        },
+        /// Local health is over its maximum.
+        #[error("health {health} over {max}")]
+        HealthOverMax {
+            /// Local health.
+            health: u8,
+            /// Its maximum.
+            max: u8,
+        },
+        /// A lease is held on a node that is not a member.
+        #[error("lease on {id:?}, not a member")]
+        LeaseOnNonMember {
+            /// The node.
+            id: NodeId,
+        },
+        /// Leases are held but no lease check is scheduled.
+        #[error("leases held but never checked")]
+        LeasesUnchecked,
     }
 
     #[derive(Clone, Debug)]

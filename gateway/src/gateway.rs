@@ -148,10 +148,10 @@ pub enum GatewayError {
     Tls(#[from] TlsError),
     /// The spin plan was refused.
     #[error("spinning cannot start: {0}")]
-    Spin(String),
+    Spin(#[source] tela_core::spin::SpinConfigError),
     /// An overflow provider cannot be used.
     #[error("overflow cannot start: {0}")]
-    Overflow(String),
+    Overflow(#[source] crate::overflow::OverflowStartError),
 }
 
 /// A running gateway. Dropping it stops everything at once; [`Gateway::shutdown`] lets open

@@ -282,9 +282,10 @@ impl Writer {
             return;
         }
         let pending = std::mem::take(&mut self.pending);
+        // `Err(None)`: no connection (its failure was reported when opening it).
         let result = match self.connection(now) {
-            Some(conn) => insert(conn, &pending).map_err(|e| e.to_string()),
-            None => Err(String::new()),
+            Some(conn) => insert(conn, &pending).map_err(Some),
+            None => Err(None),
         };
         match result {
             Ok(()) => {
@@ -292,7 +293,7 @@ impl Writer {
             }
             Err(e) => {
                 self.pending = pending;
-                if !e.is_empty() {
+                if let Some(e) = e {
                     let message = format!("cannot write to the usage ledger {}: {e}", self.config.path.display());
                     self.fail(now, &message);
                     // Start afresh: the file may have been replaced or its disk remounted.

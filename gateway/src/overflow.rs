@@ -198,7 +198,7 @@ impl Provider {
                 })?;
                 Some(key)
             }
-            (None, Some(path)) => Some(read_key(path).map_err(|reason| invalid("api_key_file", reason))?),
+            (None, Some(path)) => Some(read_key(path).map_err(|e| invalid("api_key_file", e.to_string()))?),
             // A provider without keys: another gateway with --no-auth, a local engine.
             (None, None) => None,
         };
@@ -260,11 +260,32 @@ impl Provider {
     }
 }
 
-fn read_key(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+/// Why `api_key_file` gave no key. Nothing is changed; the configuration is refused.
+#[derive(Debug, thiserror::Error)]
+enum KeyFileError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file's first line is blank.
+    #[error("{} holds no key on its first line", path.display())]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+fn read_key(path: &Path) -> Result<String, KeyFileError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| KeyFileError::Read { path: path.to_path_buf(), source })?;
     let key = text.lines().next().unwrap_or_default().trim().to_string();
     if key.is_empty() {
-        return Err(format!("{} holds no key on its first line", path.display()));
+        return Err(KeyFileError::Empty { path: path.to_path_buf() });
     }
     Ok(key)
 }
@@ -286,6 +307,20 @@ impl Outlet {
     }
 }
 
+/// Why the overflow providers cannot be readied. Nothing has started.
+#[derive(Debug, thiserror::Error)]
+pub enum OverflowStartError {
+    /// A provider's TLS client could not be set up (its `ca_cert`, or no trusted roots).
+    #[error("overflow provider '{provider}': {source:#}")]
+    Tls {
+        /// The provider's name.
+        provider: String,
+        /// Why.
+        #[source]
+        source: anyhow::Error,
+    },
+}
+
 /// Every provider of this gateway.
 pub struct Overflow {
     outlets: Vec<Arc<Outlet>>,
@@ -302,7 +337,7 @@ impl Drop for InFlight {
 
 impl Overflow {
     /// Readies `providers` (their TLS clients); `None` for none.
-    pub fn start(providers: Vec<Provider>) -> Result<Option<Arc<Overflow>>, String> {
+    pub fn start(providers: Vec<Provider>) -> Result<Option<Arc<Overflow>>, OverflowStartError> {
         if providers.is_empty() {
             return Ok(None);
         }
@@ -310,7 +345,7 @@ impl Overflow {
         for provider in providers {
             let tls = if provider.https {
                 let connector = crate::client_tls::connector(provider.ca_cert.as_deref())
-                    .map_err(|e| format!("overflow provider '{}': {e:#}", provider.name))?;
+                    .map_err(|source| OverflowStartError::Tls { provider: provider.name.clone(), source })?;
                 Some(connector)
             } else {
                 None
@@ -397,7 +432,7 @@ pub async fn forward(outlet: &Arc<Outlet>, metrics: &Arc<Metrics>, request: Outg
             }
             return respond(outlet, metrics, request, response, written_at, in_flight);
         }
-        Ok(Err(detail)) => detail,
+        Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no answer within {}", humantime::format_duration(provider.timeout)),
     };
     outlet.failed.fetch_add(1, Ordering::Relaxed);
@@ -421,9 +456,55 @@ pub async fn forward(outlet: &Arc<Outlet>, metrics: &Arc<Metrics>, request: Outg
     error.into_response()
 }
 
+/// Why a provider gave no answer head. The request may have reached the provider (after
+/// [`SendError::NoAnswer`] it may even have run); the gateway answers the client `502`.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    /// The request could not be built from what the client sent.
+    #[error("the request cannot be sent: {0}")]
+    Request(#[source] http::Error),
+    /// No TCP connection to the provider.
+    #[error("cannot connect to {host}:{port}: {source}")]
+    Connect {
+        /// The provider's host.
+        host: String,
+        /// Its port.
+        port: u16,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The provider's host is no name TLS can check.
+    #[error("'{host}' is not a valid TLS server name: {source}")]
+    ServerName {
+        /// The provider's host.
+        host: String,
+        /// Why.
+        #[source]
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// The TLS handshake failed (certificate, protocol).
+    #[error("TLS handshake with {host}:{port} failed: {source}")]
+    Tls {
+        /// The provider's host.
+        host: String,
+        /// Its port.
+        port: u16,
+        /// What TLS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP/1 handshake failed.
+    #[error("HTTP handshake failed: {0}")]
+    Handshake(#[source] hyper::Error),
+    /// The request was sent (or partly sent) and no answer head came back.
+    #[error("no answer: {0}")]
+    NoAnswer(#[source] hyper::Error),
+}
+
 /// Connects, sends, and waits for the answer's head; gives the answer and when the request
 /// was written.
-async fn send(outlet: &Outlet, request: &Outgoing) -> Result<(Response<Incoming>, Instant), String> {
+async fn send(outlet: &Outlet, request: &Outgoing) -> Result<(Response<Incoming>, Instant), SendError> {
     let provider = &outlet.provider;
     let tail = request.path_and_query.strip_prefix("/v1").unwrap_or(&request.path_and_query);
     let mut builder = Request::builder().method(request.method.as_str()).uri(format!("{}{tail}", provider.base_path));
@@ -445,32 +526,35 @@ async fn send(outlet: &Outlet, request: &Outgoing) -> Result<(Response<Incoming>
     if let Some(bearer) = provider.key.as_ref().and_then(ApiKey::bearer) {
         builder = builder.header(AUTHORIZATION, bearer);
     }
-    let http_request =
-        builder.body(Full::new(request.body.clone())).map_err(|e| format!("the request cannot be sent: {e}"))?;
+    let http_request = builder.body(Full::new(request.body.clone())).map_err(SendError::Request)?;
     let (host, port) = (provider.host.as_str(), provider.port);
-    let tcp = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
+    let tcp = tokio::net::TcpStream::connect((host, port)).await.map_err(|source| SendError::Connect {
+        host: host.to_string(),
+        port,
+        source,
+    })?;
     let _ = tcp.set_nodelay(true);
     match &outlet.tls {
         None => exchange(tcp, http_request).await,
         Some(tls) => {
             let name = rustls_pki_types::ServerName::try_from(host.to_string())
-                .map_err(|e| format!("'{host}' is not a valid TLS server name: {e}"))?;
-            let stream =
-                tls.connect(name, tcp).await.map_err(|e| format!("TLS handshake with {host}:{port} failed: {e}"))?;
+                .map_err(|source| SendError::ServerName { host: host.to_string(), source })?;
+            let stream = tls.connect(name, tcp).await.map_err(|source| SendError::Tls {
+                host: host.to_string(),
+                port,
+                source,
+            })?;
             exchange(stream, http_request).await
         }
     }
 }
 
-async fn exchange<S>(io: S, request: Request<Full<Bytes>>) -> Result<(Response<Incoming>, Instant), String>
+async fn exchange<S>(io: S, request: Request<Full<Bytes>>) -> Result<(Response<Incoming>, Instant), SendError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.map_err(SendError::Handshake)?;
     // The connection's own task: it ends when the answer's body has been read or dropped.
     tokio::spawn(async move {
         if let Err(e) = conn.await {
@@ -478,7 +562,7 @@ where
         }
     });
     let written_at = Instant::now();
-    let response = sender.send_request(request).await.map_err(|e| format!("no answer: {e}"))?;
+    let response = sender.send_request(request).await.map_err(SendError::NoAnswer)?;
     Ok((response, written_at))
 }
 

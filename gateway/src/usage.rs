@@ -82,11 +82,16 @@ pub struct Day {
     pub days: i64,
 }
 
-impl std::str::FromStr for Day {
-    type Err = String;
+/// The text is not a calendar day written `YYYY-MM-DD`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a date: write YYYY-MM-DD (UTC), e.g. 2024-03-01")]
+pub struct NotADay(pub String);
 
-    fn from_str(s: &str) -> Result<Day, String> {
-        let bad = || format!("'{s}' is not a date: write YYYY-MM-DD (UTC), e.g. 2024-03-01");
+impl std::str::FromStr for Day {
+    type Err = NotADay;
+
+    fn from_str(s: &str) -> Result<Day, NotADay> {
+        let bad = || NotADay(s.to_string());
         let mut parts = s.trim().splitn(3, '-');
         let (Some(y), Some(m), Some(d)) = (parts.next(), parts.next(), parts.next()) else { return Err(bad()) };
         if y.len() != 4 || m.len() != 2 || d.len() != 2 {

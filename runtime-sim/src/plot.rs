@@ -5,18 +5,41 @@ use crate::report::{serf_fraction, Report};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
+/// Why the plots were not all written. Plots written before the failure stay on disk.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The output directory could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A plot could not be drawn or written.
+    #[error("{}: {source}", path.display())]
+    Draw {
+        /// The plot's file.
+        path: PathBuf,
+        /// What the plotting library said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 /// Writes `<dir>/<scenario>-convergence.svg`, `<dir>/<scenario>-bandwidth.svg` and, for spinning
 /// scenarios, `<dir>/<scenario>-spinning.svg`; returns the paths.
-pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+    std::fs::create_dir_all(dir).map_err(|source| PlotError::CreateDir { dir: dir.to_path_buf(), source })?;
     let conv = dir.join(format!("{}-convergence.svg", report.scenario));
     let bw = dir.join(format!("{}-bandwidth.svg", report.scenario));
-    convergence(report, &conv).map_err(|e| format!("{}: {e}", conv.display()))?;
-    bandwidth(report, &bw).map_err(|e| format!("{}: {e}", bw.display()))?;
+    convergence(report, &conv).map_err(|source| PlotError::Draw { path: conv.clone(), source })?;
+    bandwidth(report, &bw).map_err(|source| PlotError::Draw { path: bw.clone(), source })?;
     let mut out = vec![conv, bw];
     if let Some(spin) = &report.spin {
         let path = dir.join(format!("{}-spinning.svg", report.scenario));
-        spinning(report, spin, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        spinning(report, spin, &path).map_err(|source| PlotError::Draw { path: path.clone(), source })?;
         out.push(path);
     }
     Ok(out)
@@ -28,7 +51,7 @@ fn spinning(
     report: &Report,
     spin: &crate::report_spin::SpinReport,
     path: &Path,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let hours = |i: usize| (i as f64 + 1.0) / 60.0;
     let n = spin.models.len();
     let root = SVGBackend::new(path, (1000, 260 + 200 * n as u32)).into_drawing_area();
@@ -130,7 +153,7 @@ fn mean_curve(report: &Report, step_ms: u32, max_ms: u32) -> Vec<(f64, f64)> {
     out
 }
 
-fn convergence(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn convergence(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let max_ms = (report.convergence.latency.p100_ms.max(report.convergence.serf_bound_ms) * 1.2).max(500.0) as u32;
     let sim = mean_curve(report, 50, max_ms);
     let n = report.nodes as f64;
@@ -174,7 +197,7 @@ fn convergence(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-fn bandwidth(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn bandwidth(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let per_node: Vec<(f64, f64)> = report
         .per_second_bytes
         .iter()

@@ -13,7 +13,7 @@
 
 use crate::sim::{id_of, Host, Micros};
 use crate::world::Request;
-use tela_core::{Lifecycle, Node, Version};
+use tela_core::{Lifecycle, Node, NodeId, Version};
 
 /// Changes and deaths tracked at once; bounds the per-merge cost at large scale.
 fn tracking_cap(hosts: usize) -> usize {
@@ -114,6 +114,50 @@ pub(crate) struct DrainCount {
     pub in_flight: u64,
     pub completed: u64,
     pub failed: u64,
+}
+
+/// An invariant the run broke. The check records nothing: the tracker's last-seen values stay
+/// as they were, and the caller fails the run.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Violation {
+    /// A node's own record went to an older generation, or to an earlier state in the same one.
+    #[error(
+        "node {node}'s own record moved backwards: generation {last_generation} {last_state:?} -> generation {generation} {state:?}"
+    )]
+    OwnRecordBackwards {
+        /// The node.
+        node: NodeId,
+        /// The generation it last announced.
+        last_generation: u64,
+        /// The state it last announced.
+        last_state: Lifecycle,
+        /// The generation it announces now.
+        generation: u64,
+        /// The state it announces now.
+        state: Lifecycle,
+    },
+    /// A watched record in a node's replica went to a version that does not cover the last one.
+    #[error("lattice monotonicity: node {node}'s record of {of} moved backwards from {last:?} to {now:?}")]
+    WatchedBackwards {
+        /// The node whose replica it is.
+        node: NodeId,
+        /// Whose record.
+        of: NodeId,
+        /// The version seen last.
+        last: Version,
+        /// The version now.
+        now: Version,
+    },
+    /// A watched record vanished from a node's replica.
+    #[error("node {node}'s replica lost the record of {of} (last {last:?})")]
+    WatchedLost {
+        /// The node whose replica it is.
+        node: NodeId,
+        /// Whose record.
+        of: NodeId,
+        /// The version seen last.
+        last: Version,
+    },
 }
 
 /// All measurements of one run.
@@ -294,12 +338,13 @@ impl Trackers {
     }
 
     /// Checks that a node's own record moves forward, before `on_local_change` records it.
-    pub fn check_own(&self, h: u32, generation: u64, state: Lifecycle) -> Result<(), String> {
+    pub fn check_own(&self, h: u32, generation: u64, state: Lifecycle) -> Result<(), Violation> {
         match self.own_last.get(h as usize).copied().flatten() {
-            Some((g, s)) if generation < g || (generation == g && state < s) => Err(format!(
-                "node {}'s own record moved backwards: generation {g} {s:?} -> generation {generation} {state:?}",
-                id_of(h)
-            )),
+            Some((last_generation, last_state))
+                if generation < last_generation || (generation == last_generation && state < last_state) =>
+            {
+                Err(Violation::OwnRecordBackwards { node: id_of(h), last_generation, last_state, generation, state })
+            }
             _ => Ok(()),
         }
     }
@@ -458,7 +503,7 @@ impl Trackers {
     }
 
     /// Checks that the watched records never move backwards in `h`'s replica.
-    pub fn check_watched(&mut self, h: u32, node: &Node) -> Result<(), String> {
+    pub fn check_watched(&mut self, h: u32, node: &Node) -> Result<(), Violation> {
         if self.watched.is_empty() {
             return Ok(());
         }
@@ -472,16 +517,10 @@ impl Trackers {
         for (k, &w) in self.watched.iter().enumerate() {
             let now_v = node.replica().get(&id_of(w)).map(|s| s.record().version());
             match (row[k], now_v) {
-                (Some(last), Some(v)) if !v.covers(&last) => {
-                    return Err(format!(
-                        "lattice monotonicity: node {}'s record of {} moved backwards from {last:?} to {v:?}",
-                        id_of(h),
-                        id_of(w)
-                    ))
+                (Some(last), Some(now)) if !now.covers(&last) => {
+                    return Err(Violation::WatchedBackwards { node: id_of(h), of: id_of(w), last, now })
                 }
-                (Some(last), None) => {
-                    return Err(format!("node {}'s replica lost the record of {} (last {last:?})", id_of(h), id_of(w)))
-                }
+                (Some(last), None) => return Err(Violation::WatchedLost { node: id_of(h), of: id_of(w), last }),
                 _ => row[k] = now_v,
             }
         }

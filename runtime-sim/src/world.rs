@@ -374,8 +374,8 @@ impl Sim {
     pub(crate) fn on_event(&mut self, h: u32, e: Event) {
         match e {
             Event::LocalState { generation, state } => {
-                if let Err(msg) = self.t.check_own(h, generation, state) {
-                    self.fail(msg);
+                if let Err(violation) = self.t.check_own(h, generation, state) {
+                    self.fail(violation.to_string());
                 }
                 let host = &mut self.hosts[h as usize];
                 let was = host.state;
@@ -432,8 +432,8 @@ impl Sim {
         let Some(node) = self.hosts[h as usize].node.as_ref() else {
             return;
         };
-        if let Err(msg) = self.t.check_watched(h, node) {
-            self.fail(msg);
+        if let Err(violation) = self.t.check_watched(h, node) {
+            self.fail(violation.to_string());
         }
         let node = self.hosts[h as usize].node.as_ref().expect("checked");
         self.t.on_merge(h, node, self.now);

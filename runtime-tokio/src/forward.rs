@@ -169,13 +169,13 @@ async fn serve(incoming: IncomingStream, backend: &Backend, config: ForwardConfi
     let path = head.path_and_query.clone();
     let request = match build_request(backend, head, recv) {
         Ok(r) => r,
-        Err(message) => {
+        Err(e) => {
             let _ = respond_error(
                 &mut send,
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "bad_request",
-                &message,
+                &e.to_string(),
                 view.node_id(),
             )
             .await;
@@ -341,26 +341,79 @@ async fn gather_ready(body: &mut Incoming, out: &mut Vec<u8>) -> Gathered {
     Gathered::More
 }
 
+/// Why a tunnelled request head does not make an HTTP request for the engine. Nothing was
+/// sent to the engine; the gateway gets a `400`.
+#[derive(Debug, thiserror::Error)]
+enum RequestHeadError {
+    /// The method is not an HTTP method token.
+    #[error("invalid method '{method}'")]
+    Method {
+        /// The method as sent.
+        method: String,
+        /// What `http` said.
+        #[source]
+        source: http::method::InvalidMethod,
+    },
+    /// The path does not make a URI on the engine.
+    #[error("invalid path '{path}': {source}")]
+    Path {
+        /// The path and query as sent.
+        path: String,
+        /// What `http` said.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// A header name is not a valid token.
+    #[error("invalid header name '{name}'")]
+    HeaderName {
+        /// The name as sent.
+        name: String,
+        /// What `http` said.
+        #[source]
+        source: http::header::InvalidHeaderName,
+    },
+    /// A header value holds bytes HTTP forbids.
+    #[error("invalid value for header '{name}'")]
+    HeaderValue {
+        /// The header's name.
+        name: HeaderName,
+        /// What `http` said.
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
+    /// The request could not be assembled.
+    #[error(transparent)]
+    Build(#[from] http::Error),
+}
+
 fn build_request(
     backend: &Backend,
     head: RequestHead,
     recv: tela_transports::RecvStream,
-) -> Result<Request<EngineBody>, String> {
-    let method = Method::from_bytes(head.method.as_bytes()).map_err(|_| format!("invalid method '{}'", head.method))?;
-    let uri =
-        backend.uri_for(&head.path_and_query).map_err(|e| format!("invalid path '{}': {e}", head.path_and_query))?;
+) -> Result<Request<EngineBody>, RequestHeadError> {
+    let method = Method::from_bytes(head.method.as_bytes())
+        .map_err(|source| RequestHeadError::Method { method: head.method.clone(), source })?;
+    let uri = backend
+        .uri_for(&head.path_and_query)
+        .map_err(|source| RequestHeadError::Path { path: head.path_and_query.clone(), source })?;
     let mut builder = Request::builder().method(method).uri(uri);
     for (name, value) in head.headers {
         if HOP_BY_HOP.contains(&name.to_ascii_lowercase().as_str()) {
             continue;
         }
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name '{name}'"))?;
-        let value = HeaderValue::from_bytes(&value).map_err(|_| format!("invalid value for header '{name}'"))?;
+        let name = match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(n) => n,
+            Err(source) => return Err(RequestHeadError::HeaderName { name, source }),
+        };
+        let value = match HeaderValue::from_bytes(&value) {
+            Ok(v) => v,
+            Err(source) => return Err(RequestHeadError::HeaderValue { name, source }),
+        };
         builder = builder.header(name, value);
     }
     let frames = ReaderStream::new(recv).map_ok(Frame::data).map_err(|e| -> crate::engine::BodyError { Box::new(e) });
     let body = StreamBody::new(frames).boxed();
-    builder.body(body).map_err(|e| e.to_string())
+    Ok(builder.body(body)?)
 }
 
 /// Answers with an OpenAI-shaped error and finishes the stream.

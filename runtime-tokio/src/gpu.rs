@@ -130,20 +130,54 @@ pub fn discover(profile: &str) -> Result<Discovery, ProfileError> {
         Err(reason) => {
             let hardware = Hardware::from_profile(profile)?;
             tracing::info!("{reason}; using hardware profile '{profile}' from --hardware-profile");
+            let reason = reason.to_string();
             Ok(Discovery { hardware, source: HardwareSource::Profile { profile: profile.to_string(), reason } })
         }
     }
 }
 
+/// Why NVML does not describe this node's GPUs; its text is the fallback line. Nothing is
+/// changed: discovery falls back to the hardware profile.
+#[derive(Debug, thiserror::Error)]
+enum NvmlError {
+    /// NVML would not start: no driver, or no GPU machine.
+    #[error("no NVIDIA driver found ({0})")]
+    NoDriver(#[source] nvml_wrapper::error::NvmlError),
+    /// The driver would not count its GPUs.
+    #[error("the NVIDIA driver cannot list GPUs ({0})")]
+    CannotList(#[source] nvml_wrapper::error::NvmlError),
+    /// The driver would not open one GPU.
+    #[error("the NVIDIA driver cannot open GPU {index} ({source})")]
+    CannotOpen {
+        /// The GPU's NVML index.
+        index: u32,
+        /// What the driver said.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// GPUs exist, but `CUDA_VISIBLE_DEVICES` hides all of them.
+    #[error(
+        "NVIDIA driver {driver} found, but no GPU is visible to this process ({count} present, CUDA_VISIBLE_DEVICES={})",
+        .visible.as_deref().unwrap_or("<unset>")
+    )]
+    NoneVisible {
+        /// The driver version.
+        driver: String,
+        /// GPUs present.
+        count: u32,
+        /// `CUDA_VISIBLE_DEVICES`, if set.
+        visible: Option<String>,
+    },
+}
+
 /// NVML's view, or why it does not apply (the text of the fallback line).
-fn discover_nvml(visible: Option<&str>) -> Result<Discovery, String> {
-    let nvml = Nvml::init().map_err(|e| format!("no NVIDIA driver found ({e})"))?;
+fn discover_nvml(visible: Option<&str>) -> Result<Discovery, NvmlError> {
+    let nvml = Nvml::init().map_err(NvmlError::NoDriver)?;
     let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
-    let count = nvml.device_count().map_err(|e| format!("the NVIDIA driver cannot list GPUs ({e})"))?;
+    let count = nvml.device_count().map_err(NvmlError::CannotList)?;
     let mut all = Vec::new();
     for index in 0..count {
-        let device =
-            nvml.device_by_index(index).map_err(|e| format!("the NVIDIA driver cannot open GPU {index} ({e})"))?;
+        let device = nvml.device_by_index(index).map_err(|source| NvmlError::CannotOpen { index, source })?;
         let memory_mib =
             device.memory_info().map(|m| u32::try_from(m.total / (1024 * 1024)).unwrap_or(u32::MAX)).unwrap_or(0);
         let active_nvlinks =
@@ -158,10 +192,7 @@ fn discover_nvml(visible: Option<&str>) -> Result<Discovery, String> {
     }
     let gpus = select_visible(&all, visible);
     if gpus.is_empty() {
-        return Err(format!(
-            "NVIDIA driver {driver} found, but no GPU is visible to this process ({count} present, CUDA_VISIBLE_DEVICES={})",
-            visible.unwrap_or("<unset>")
-        ));
+        return Err(NvmlError::NoneVisible { driver, count, visible: visible.map(str::to_string) });
     }
     let hardware = hardware_of(&gpus);
     Ok(Discovery { hardware, source: HardwareSource::Nvml { driver, gpus } })

@@ -41,8 +41,8 @@ impl fmt::Display for DialPath {
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
     /// The gateway's name did not resolve (direct dials only).
-    #[error("{0}")]
-    Resolve(String),
+    #[error(transparent)]
+    Resolve(ResolveError),
     /// The path itself failed: ssh could not be started or exited, no relay answered.
     #[error("{0}")]
     Path(String),
@@ -138,13 +138,35 @@ fn unspecified(addr: &str) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
 }
 
+/// Why a gateway's `host:port` did not resolve on this host. Nothing was dialled.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The resolver failed (unknown name, no DNS, not `host:port`).
+    #[error("cannot resolve {addr}: {source}")]
+    Lookup {
+        /// The address as given.
+        addr: String,
+        /// What the resolver said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The name resolved to an empty list.
+    #[error("{addr} resolves to no address")]
+    NoAddress {
+        /// The address as given.
+        addr: String,
+    },
+}
+
 /// Resolves `host:port` on this host.
-pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, ResolveError> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(a);
     }
-    let mut addrs = tokio::net::lookup_host(addr).await.map_err(|e| format!("cannot resolve {addr}: {e}"))?;
-    addrs.next().ok_or_else(|| format!("{addr} resolves to no address"))
+    let mut addrs = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|source| ResolveError::Lookup { addr: addr.to_string(), source })?;
+    addrs.next().ok_or_else(|| ResolveError::NoAddress { addr: addr.to_string() })
 }
 
 #[cfg(test)]

@@ -268,27 +268,66 @@ async fn read_line(stream: &mut TcpStream) -> io::Result<String> {
     String::from_utf8(line).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "line is not UTF-8"))
 }
 
+/// Why no stream to the target came through a relay. The relay's connection, if any, is
+/// dropped; the caller may try another relay.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayDialError {
+    /// The relay's address could not be connected to.
+    #[error("cannot reach the relay: {0}")]
+    Unreachable(#[source] io::Error),
+    /// The request would not fit a relay preface.
+    #[error("the gateway address {target} is too long for a relay request")]
+    TooLong {
+        /// The gateway address asked for.
+        target: String,
+    },
+    /// The relay's connection failed while the request was being sent.
+    #[error("the relay closed: {0}")]
+    Closed(#[source] io::Error),
+    /// The relay's answer line could not be read.
+    #[error("the relay did not answer ({0})")]
+    NoAnswer(#[source] io::Error),
+    /// The relay answered `NO`.
+    #[error("the relay refused: {why}")]
+    Refused {
+        /// The reason it gave.
+        why: String,
+    },
+    /// The answer was neither `OK` nor `NO`: not a relay, or another release.
+    #[error("the relay answered {answer:.60?}: is it a tela relay of this release?")]
+    NotARelay {
+        /// What it answered.
+        answer: String,
+    },
+    /// The exchange did not finish in time.
+    #[error("no answer within {after:?}")]
+    TimedOut {
+        /// How long we waited.
+        after: Duration,
+    },
+}
+
 /// Opens a stream to `target` through the relay at `relay`: connects, asks, and returns the
 /// TCP connection once the relay said `OK` (bounded by [`PREFACE_TIMEOUT`]).
-pub async fn connect_through(relay: &str, target: &str) -> Result<TcpStream, String> {
+pub async fn connect_through(relay: &str, target: &str) -> Result<TcpStream, RelayDialError> {
     let exchange = async {
-        let mut stream = TcpStream::connect(relay).await.map_err(|e| format!("cannot reach the relay: {e}"))?;
+        let mut stream = TcpStream::connect(relay).await.map_err(RelayDialError::Unreachable)?;
         let _ = stream.set_nodelay(true);
         let request = format!("{MAGIC} {target}\n");
         if request.len() > MAX_PREFACE {
-            return Err(format!("the gateway address {target} is too long for a relay request"));
+            return Err(RelayDialError::TooLong { target: target.to_string() });
         }
-        stream.write_all(request.as_bytes()).await.map_err(|e| format!("the relay closed: {e}"))?;
-        let answer = read_line(&mut stream).await.map_err(|e| format!("the relay did not answer ({e})"))?;
+        stream.write_all(request.as_bytes()).await.map_err(RelayDialError::Closed)?;
+        let answer = read_line(&mut stream).await.map_err(RelayDialError::NoAnswer)?;
         match answer.strip_prefix("NO ") {
             _ if answer == "OK" => Ok(stream),
-            Some(why) => Err(format!("the relay refused: {why}")),
-            None => Err(format!("the relay answered {answer:.60?}: is it a tela relay of this release?")),
+            Some(why) => Err(RelayDialError::Refused { why: why.to_string() }),
+            None => Err(RelayDialError::NotARelay { answer }),
         }
     };
     tokio::time::timeout(PREFACE_TIMEOUT, exchange)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {PREFACE_TIMEOUT:?}")))
+        .unwrap_or_else(|_| Err(RelayDialError::TimedOut { after: PREFACE_TIMEOUT }))
 }
 
 /// `host:port` split, with `[v6]` brackets removed; `None` when it is not that.
@@ -364,7 +403,8 @@ mod tests {
 
         let other = echo_server().await;
         let err = connect_through(&relay_addr, &other.to_string()).await.expect_err("not allowed");
-        assert!(err.contains("not a gateway this relay forwards to"), "{err}");
+        assert!(matches!(err, RelayDialError::Refused { .. }), "{err}");
+        assert!(err.to_string().contains("not a gateway this relay forwards to"), "{err}");
 
         // Another name for an allowed address is allowed.
         let by_name = format!("localhost:{}", target.port());

@@ -315,7 +315,7 @@ impl Endpoint {
         .map_err(|source| EndpointError::Bind { addr, protocol: "UDP", source })?;
         let server = match udp {
             Some(udp) => {
-                let config = quic::server_config(&endpoint.settings).map_err(EndpointError::Tls)?;
+                let config = quic::server_config(&endpoint.settings).map_err(|e| EndpointError::Tls(e.to_string()))?;
                 let runtime = quinn::default_runtime().ok_or(EndpointError::NoRuntime)?;
                 Some(
                     quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(config), udp, runtime)

@@ -113,7 +113,8 @@ impl Identity {
         match std::fs::read_to_string(path) {
             Ok(pem) => {
                 warn_if_readable_by_others(path);
-                Identity::from_pem(&pem).map_err(|detail| IdentityError::Corrupt { path: path.to_path_buf(), detail })
+                Identity::from_pem(&pem)
+                    .map_err(|e| IdentityError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Identity::create(path),
             Err(source) => Err(IdentityError::Read { path: path.to_path_buf(), source }),
@@ -123,7 +124,7 @@ impl Identity {
     /// A fresh identity that lives only in memory (tests, `tela demo`).
     pub fn generate() -> Result<Identity, IdentityError> {
         let key = KeyPair::generate_for(&PKCS_ED25519).map_err(|e| IdentityError::Crypto(e.to_string()))?;
-        Identity::from_key(&key).map_err(IdentityError::Crypto)
+        Identity::from_key(&key).map_err(|e| IdentityError::Crypto(e.to_string()))
     }
 
     /// This node's id.
@@ -165,45 +166,65 @@ impl Identity {
         let written = write_private_file(&tmp, pem.as_bytes()).and_then(|()| std::fs::hard_link(&tmp, path));
         let _ = std::fs::remove_file(&tmp);
         match written {
-            Ok(()) => Identity::from_key(&key).map_err(IdentityError::Crypto),
+            Ok(()) => Identity::from_key(&key).map_err(|e| IdentityError::Crypto(e.to_string())),
             // Another process created it between our read and our link: use theirs.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Identity::load_or_create(path),
             Err(e) => Err(write_err(e)),
         }
     }
 
-    fn from_pem(pem: &str) -> Result<Identity, String> {
-        let key = KeyPair::from_pkcs8_pem_and_sign_algo(pem, &PKCS_ED25519).map_err(|e| e.to_string())?;
+    fn from_pem(pem: &str) -> Result<Identity, KeyError> {
+        let key = KeyPair::from_pkcs8_pem_and_sign_algo(pem, &PKCS_ED25519).map_err(KeyError::Pem)?;
         Identity::from_key(&key)
     }
 
-    fn from_key(key: &KeyPair) -> Result<Identity, String> {
-        let public_key: [u8; 32] =
-            key.public_key_raw().try_into().map_err(|_| "the public key is not 32 bytes long".to_string())?;
+    fn from_key(key: &KeyPair) -> Result<Identity, KeyError> {
+        let public_key: [u8; 32] = key.public_key_raw().try_into().map_err(|_| KeyError::PublicKeyLength)?;
         let node_id = node_id_from_public_key(&public_key);
-        let mut params = CertificateParams::new(vec!["tela".to_string()]).map_err(|e| e.to_string())?;
+        let mut params = CertificateParams::new(vec!["tela".to_string()]).map_err(KeyError::Certificate)?;
         params.distinguished_name.push(DnType::CommonName, format!("tela node {node_id:?}"));
-        let certificate = params.self_signed(key).map_err(|e| e.to_string())?;
+        let certificate = params.self_signed(key).map_err(KeyError::Certificate)?;
         let pkcs8 = key.serialize_der();
         let signer = tela_core::Identity::from_secret(&ed25519_secret(&pkcs8)?);
         if signer.id() != node_id {
-            return Err("the private key does not match its public key".to_string());
+            return Err(KeyError::Mismatch);
         }
         Ok(Identity { node_id, public_key, pkcs8, certificate: certificate.der().clone(), signer })
     }
 }
 
+/// Why a key pair does not make an [`Identity`]. Nothing is written; the caller reports the
+/// key file as corrupt or the generation as failed.
+#[derive(Debug, Error)]
+enum KeyError {
+    /// The PEM text is not an Ed25519 PKCS#8 key.
+    #[error(transparent)]
+    Pem(rcgen::Error),
+    /// The public key has the wrong length.
+    #[error("the public key is not 32 bytes long")]
+    PublicKeyLength,
+    /// The self-signed certificate could not be made.
+    #[error(transparent)]
+    Certificate(rcgen::Error),
+    /// The PKCS#8 document lacks the Ed25519 algorithm identifier.
+    #[error("no Ed25519 algorithm identifier")]
+    NoAlgorithm,
+    /// The PKCS#8 document holds no 32-byte secret where Ed25519 puts it.
+    #[error("the private key is not a 32-byte Ed25519 secret")]
+    SecretLength,
+    /// The secret and the public key belong to different key pairs.
+    #[error("the private key does not match its public key")]
+    Mismatch,
+}
+
 /// The 32-byte Ed25519 secret in a PKCS#8 document (RFC 8410, v1 or v2): the octet string that
 /// follows the Ed25519 algorithm identifier, itself an octet string of 32 bytes.
-fn ed25519_secret(pkcs8: &[u8]) -> Result<[u8; 32], String> {
+fn ed25519_secret(pkcs8: &[u8]) -> Result<[u8; 32], KeyError> {
     const ALGORITHM: [u8; 7] = [0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70];
     const SECRET: [u8; 4] = [0x04, 0x22, 0x04, 0x20];
-    let at = pkcs8.windows(ALGORITHM.len()).position(|w| w == ALGORITHM).ok_or("no Ed25519 algorithm identifier")?;
+    let at = pkcs8.windows(ALGORITHM.len()).position(|w| w == ALGORITHM).ok_or(KeyError::NoAlgorithm)?;
     let rest = &pkcs8[at + ALGORITHM.len()..];
-    let secret = rest
-        .strip_prefix(&SECRET[..])
-        .and_then(|r| r.get(..32))
-        .ok_or("the private key is not a 32-byte Ed25519 secret")?;
+    let secret = rest.strip_prefix(&SECRET[..]).and_then(|r| r.get(..32)).ok_or(KeyError::SecretLength)?;
     let mut out = [0u8; 32];
     out.copy_from_slice(secret);
     Ok(out)

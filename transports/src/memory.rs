@@ -4,11 +4,28 @@
 //! the caller names both ids.
 
 use crate::connection::{Connection, Transport};
-use crate::control::{read_frame, write_frame, Frame};
-use crate::mux::{start, Side, Timing};
+use crate::control::{read_frame, write_frame, Frame, FrameError};
+use crate::mux::{start, MuxStartError, Side, Timing};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tela_core::NodeId;
+
+/// Why one end of an in-memory pair could not be set up (a bug: the pipe cannot fail).
+#[derive(Debug, thiserror::Error)]
+enum PairError {
+    /// The multiplexed session did not start.
+    #[error(transparent)]
+    Start(#[from] MuxStartError),
+    /// The dialler's first ping could not be written.
+    #[error(transparent)]
+    Ping(std::io::Error),
+    /// The acceptor could not read the first control frame.
+    #[error("cannot read the first control frame: {0}")]
+    FirstFrame(#[source] FrameError),
+    /// The first control frame was not the dialler's ping.
+    #[error("unexpected first control frame: {0:?}")]
+    UnexpectedFrame(Frame),
+}
 
 /// A connected in-memory pair; see [`Connection::pair`].
 pub(crate) async fn pair(a_id: NodeId, b_id: NodeId) -> (Connection, Connection) {
@@ -17,18 +34,19 @@ pub(crate) async fn pair(a_id: NodeId, b_id: NodeId) -> (Connection, Connection)
     let dial = async {
         let (conn, mut control, activation) = start(a_io, Side::Dialler, Transport::Memory, None).await?;
         // Make the control stream visible to the other end.
-        write_frame(&mut control.write, &Frame::Ping).await.map_err(|e| e.to_string())?;
+        write_frame(&mut control.write, &Frame::Ping).await.map_err(PairError::Ping)?;
         activation.activate(control, timing);
-        Ok::<_, String>(conn)
+        Ok::<_, PairError>(conn)
     };
     let accept = async {
         let (conn, mut control, activation) = start(b_io, Side::Acceptor, Transport::Memory, None).await?;
         match read_frame(&mut control.read).await {
             Ok(Frame::Ping) => {}
-            other => return Err(format!("unexpected first control frame: {other:?}")),
+            Ok(other) => return Err(PairError::UnexpectedFrame(other)),
+            Err(e) => return Err(PairError::FirstFrame(e)),
         }
         activation.activate(control, timing);
-        Ok::<_, String>(conn)
+        Ok::<_, PairError>(conn)
     };
     let (a, b) = tokio::join!(dial, accept);
     // Both ends live in this process on a pipe that cannot fail, so an error here is a bug.

@@ -129,6 +129,20 @@ impl Activation {
     }
 }
 
+/// Why a multiplexed session could not be started. The session is gone; nothing else changed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MuxStartError {
+    /// The session ended before the control stream opened.
+    #[error(
+        "the session ended before the control stream opened{}",
+        .reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+    )]
+    SessionEnded {
+        /// Why it ended, where known.
+        reason: Option<CloseReason>,
+    },
+}
+
 /// Starts a yamux session over `io` and opens (dialler) or accepts (acceptor) the control
 /// stream. The dialler's peer only sees the control stream once something is written to it.
 pub(crate) async fn start<T>(
@@ -136,7 +150,7 @@ pub(crate) async fn start<T>(
     side: Side,
     transport: Transport,
     nodelay: Option<bool>,
-) -> Result<(MuxConnection, Control, Activation), String>
+) -> Result<(MuxConnection, Control, Activation), MuxStartError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -186,19 +200,12 @@ where
     let control = match side {
         Side::Dialler => {
             let (tx, rx) = oneshot::channel();
-            conn.shared
-                .opens
-                .send(tx)
-                .await
-                .map_err(|_| "the session ended before the control stream opened".to_string())?;
+            conn.shared.opens.send(tx).await.map_err(|_| MuxStartError::SessionEnded { reason: None })?;
             rx.await
         }
         Side::Acceptor => control_rx.await,
     }
-    .map_err(|_| match conn.close_reason() {
-        Some(reason) => format!("the session ended before the control stream opened: {reason}"),
-        None => "the session ended before the control stream opened".to_string(),
-    })?;
+    .map_err(|_| MuxStartError::SessionEnded { reason: conn.close_reason() })?;
     let (read, write) = tokio::io::split(control.compat());
     Ok((conn, Control { read, write }, Activation { tx: activate_tx }))
 }
@@ -337,7 +344,7 @@ struct Io<T> {
 impl<T: AsyncRead + AsyncWrite + Unpin> Io<T> {
     /// Drives the session: serves open requests, routes inbound streams, moves bytes.
     /// Ready only when the session has ended (`Ok` for a clean end).
-    fn poll_session(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>> {
+    fn poll_session(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), yamux::ConnectionError>> {
         while let Poll::Ready(Some(tx)) = self.opens.poll_recv(cx) {
             self.pending_opens.push_back(tx);
         }
@@ -353,14 +360,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Io<T> {
                         let _ = tx.send(stream);
                     }
                 }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.to_string())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => break,
             }
         }
         loop {
             match self.session.poll_next_inbound(cx) {
                 Poll::Ready(Some(Ok(stream))) => self.route_inbound(stream),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e.to_string())),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Pending => return Poll::Pending,
             }
@@ -452,7 +459,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Driver<T> {
                 }
                 let detail = match result {
                     Ok(()) => "the peer ended the connection without closing it".to_string(),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 };
                 set_if_open(&state, CloseReason::Lost { detail });
             }

@@ -5,7 +5,7 @@ use crate::accept::Refusal;
 use crate::admission::{self, DialOutcome, RefusalReason, EXPORTER_LABEL};
 use crate::connection::{CloseReason, Connection, ConnectionError, DatagramError, Transport};
 use crate::endpoint::{ConnectError, Settings};
-use crate::tls;
+use crate::tls::{self, PeerCertError, SessionFactsError};
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use std::net::SocketAddr;
@@ -28,10 +28,25 @@ const NO_APPLICATION_PROTOCOL: u8 = 120;
 /// Most bidirectional streams a peer may have open toward us at once.
 const MAX_STREAMS: u32 = 256;
 
-fn transport_config(s: &Settings) -> Result<quinn::TransportConfig, String> {
+/// Why a QUIC configuration could not be built from the endpoint's settings (a bug, or an
+/// unusable identity). Nothing is changed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QuicConfigError {
+    /// The idle timeout does not fit QUIC's variable-length integer.
+    #[error(transparent)]
+    IdleTimeout(#[from] quinn::VarIntBoundsExceeded),
+    /// rustls refused the identity or the protocol versions.
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+    /// The rustls configuration offers no cipher suite QUIC can start with.
+    #[error(transparent)]
+    CipherSuite(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
+}
+
+fn transport_config(s: &Settings) -> Result<quinn::TransportConfig, QuicConfigError> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(s.keep_alive));
-    t.max_idle_timeout(Some(quinn::IdleTimeout::try_from(s.idle_timeout).map_err(|e| e.to_string())?));
+    t.max_idle_timeout(Some(quinn::IdleTimeout::try_from(s.idle_timeout)?));
     t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     t.max_concurrent_uni_streams(0u32.into());
     // Room for a few hundred gossip datagrams in each direction.
@@ -40,17 +55,17 @@ fn transport_config(s: &Settings) -> Result<quinn::TransportConfig, String> {
     Ok(t)
 }
 
-pub(crate) fn server_config(s: &Settings) -> Result<quinn::ServerConfig, String> {
-    let tls = tls::server_config(&s.identity, &s.alpn).map_err(|e| e.to_string())?;
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+pub(crate) fn server_config(s: &Settings) -> Result<quinn::ServerConfig, QuicConfigError> {
+    let tls = tls::server_config(&s.identity, &s.alpn)?;
+    let crypto = QuicServerConfig::try_from(tls)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config(s)?));
     Ok(config)
 }
 
-pub(crate) fn client_config(s: &Settings) -> Result<quinn::ClientConfig, String> {
-    let tls = tls::client_config(&s.identity, &s.alpn).map_err(|e| e.to_string())?;
-    let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+pub(crate) fn client_config(s: &Settings) -> Result<quinn::ClientConfig, QuicConfigError> {
+    let tls = tls::client_config(&s.identity, &s.alpn)?;
+    let crypto = QuicClientConfig::try_from(tls)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config(s)?));
     Ok(config)
@@ -64,8 +79,8 @@ pub(crate) async fn dial(
     addr: SocketAddr,
     handshake_within: Duration,
 ) -> Result<Connection, ConnectError> {
-    let config =
-        client_config(settings).map_err(|detail| ConnectError::Setup { transport: Transport::Quic, detail })?;
+    let config = client_config(settings)
+        .map_err(|e| ConnectError::Setup { transport: Transport::Quic, detail: e.to_string() })?;
     let connecting = endpoint.connect_with(config, addr, tls::SERVER_NAME).map_err(|e| ConnectError::Unreachable {
         addr,
         transport: Transport::Quic,
@@ -80,7 +95,7 @@ pub(crate) async fn dial(
         conn.close(CLOSE_NORMAL.into(), b"admission failed");
         e
     };
-    let (peer, exporter) = session_facts(&conn).map_err(|detail| fail(&conn, handshake_error(addr, detail)))?;
+    let (peer, exporter) = session_facts(&conn).map_err(|e| fail(&conn, handshake_error(addr, e.to_string())))?;
     let binding = settings.binding(exporter, peer);
     let admitted = tokio::time::timeout(settings.handshake_timeout, async {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| DialOutcome::Broken(e.to_string()))?;
@@ -118,7 +133,8 @@ pub(crate) async fn accept(incoming: quinn::Incoming, settings: &Settings) -> Re
     let remote = incoming.remote_address();
     let refusal = |peer, reason| Refusal { peer, remote, transport: Transport::Quic, reason };
     let conn = incoming.await.map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?;
-    let (peer, exporter) = session_facts(&conn).map_err(|detail| {
+    let (peer, exporter) = session_facts(&conn).map_err(|e| {
+        let detail = e.to_string();
         conn.close(CLOSE_NORMAL.into(), detail.as_bytes());
         refusal(None, RefusalReason::Handshake(detail))
     })?;
@@ -141,15 +157,14 @@ pub(crate) async fn accept(incoming: quinn::Incoming, settings: &Settings) -> Re
 }
 
 /// The peer's id and the admission exporter of an established connection.
-fn session_facts(conn: &quinn::Connection) -> Result<(NodeId, [u8; 32]), String> {
+fn session_facts(conn: &quinn::Connection) -> Result<(NodeId, [u8; 32]), SessionFactsError> {
     let chain = conn
         .peer_identity()
         .and_then(|any| any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
-        .ok_or_else(|| "the peer presented no certificate".to_string())?;
+        .ok_or(PeerCertError::Missing)?;
     let peer = tls::peer_node_id(&chain)?;
     let mut exporter = [0u8; 32];
-    conn.export_keying_material(&mut exporter, EXPORTER_LABEL, b"")
-        .map_err(|_| "TLS exporter unavailable".to_string())?;
+    conn.export_keying_material(&mut exporter, EXPORTER_LABEL, b"").map_err(|_| SessionFactsError::QuicExporter)?;
     Ok((peer, exporter))
 }
 

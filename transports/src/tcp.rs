@@ -8,7 +8,7 @@ use crate::admission::{self, DialOutcome, RefusalReason, EXPORTER_LABEL};
 use crate::connection::{Connection, Transport};
 use crate::endpoint::{ConnectError, Settings};
 use crate::mux::{self, Side, Timing};
-use crate::tls;
+use crate::tls::{self, SessionFactsError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tela_core::NodeId;
@@ -67,10 +67,10 @@ where
             return Err(ConnectError::VersionMismatch { addr, detail: "it agreed on no application protocol".into() });
         }
         session_facts(session.peer_certificates(), |out| session.export_keying_material(out, EXPORTER_LABEL, Some(b"")))
-            .map_err(handshake)?
+            .map_err(|e| handshake(e.to_string()))?
     };
     let (conn, mut control, activation) =
-        mux::start(tls, Side::Dialler, Transport::Tcp, nodelay).await.map_err(handshake)?;
+        mux::start(tls, Side::Dialler, Transport::Tcp, nodelay).await.map_err(|e| handshake(e.to_string()))?;
     let binding = settings.binding(exporter, peer);
     match admission::dial(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
@@ -102,11 +102,11 @@ pub(crate) async fn accept(tcp: TcpStream, remote: SocketAddr, settings: &Settin
     let (peer, exporter) = {
         let (_, session) = tls.get_ref();
         session_facts(session.peer_certificates(), |out| session.export_keying_material(out, EXPORTER_LABEL, Some(b"")))
-            .map_err(|detail| refusal(None, RefusalReason::Handshake(detail)))?
+            .map_err(|e| refusal(None, RefusalReason::Handshake(e.to_string())))?
     };
     let (conn, mut control, activation) = mux::start(tls, Side::Acceptor, Transport::Tcp, Some(nodelay))
         .await
-        .map_err(|detail| refusal(Some(peer), RefusalReason::ProtocolViolation(detail)))?;
+        .map_err(|e| refusal(Some(peer), RefusalReason::ProtocolViolation(e.to_string())))?;
     let binding = settings.binding(exporter, peer);
     match admission::accept(&mut control.write, &mut control.read, &binding).await {
         Ok(()) => {
@@ -126,9 +126,9 @@ pub(crate) async fn accept(tcp: TcpStream, remote: SocketAddr, settings: &Settin
 fn session_facts(
     certs: Option<&[rustls::pki_types::CertificateDer<'static>]>,
     export: impl FnOnce([u8; 32]) -> Result<[u8; 32], rustls::Error>,
-) -> Result<(NodeId, [u8; 32]), String> {
+) -> Result<(NodeId, [u8; 32]), SessionFactsError> {
     let peer = tls::peer_node_id(certs.unwrap_or_default())?;
-    let exporter = export([0u8; 32]).map_err(|e| format!("TLS exporter unavailable: {e}"))?;
+    let exporter = export([0u8; 32]).map_err(SessionFactsError::Exporter)?;
     Ok((peer, exporter))
 }
 

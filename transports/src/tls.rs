@@ -19,6 +19,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use std::sync::Arc;
 use tela_core::NodeId;
+use x509_parser::error::X509Error;
 
 /// The ALPN protocol id of this transport version. Peers must agree on it exactly.
 pub const ALPN: &[u8] = b"tela/1";
@@ -61,26 +62,63 @@ pub(crate) fn server_name() -> ServerName<'static> {
     ServerName::try_from(SERVER_NAME).expect("SERVER_NAME is a valid DNS name")
 }
 
+/// Why a peer's certificate chain names no acceptable key. Nothing is changed: the
+/// handshake or admission that asked fails.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PeerCertError {
+    /// The peer sent no certificate at all.
+    #[error("the peer presented no certificate")]
+    Missing,
+    /// The certificate is not valid X.509.
+    #[error("the peer certificate does not parse: {0}")]
+    Unparsable(#[source] x509_parser::nom::Err<X509Error>),
+    /// The certificate holds a key of another algorithm.
+    #[error("the peer certificate holds a {algorithm} key, not Ed25519")]
+    NotEd25519 {
+        /// The key's algorithm OID.
+        algorithm: String,
+    },
+    /// The Ed25519 key has the wrong length.
+    #[error("the peer's Ed25519 key is {len} bytes, not 32")]
+    KeyLength {
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+/// Why the facts admission needs (the peer's id, the exporter secret) could not be read from
+/// an established TLS session. Nothing is changed; the caller refuses or abandons the
+/// connection.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SessionFactsError {
+    /// The peer's certificate is unacceptable.
+    #[error(transparent)]
+    PeerCert(#[from] PeerCertError),
+    /// rustls would not export keying material.
+    #[error("TLS exporter unavailable: {0}")]
+    Exporter(#[source] rustls::Error),
+    /// quinn would not export keying material (it says no more than that).
+    #[error("TLS exporter unavailable")]
+    QuicExporter,
+}
+
 /// The [`NodeId`] of the peer that presented `chain`, or why the chain is unacceptable.
-pub(crate) fn peer_node_id(chain: &[CertificateDer<'_>]) -> Result<NodeId, String> {
-    let cert = chain.first().ok_or_else(|| "the peer presented no certificate".to_string())?;
+pub(crate) fn peer_node_id(chain: &[CertificateDer<'_>]) -> Result<NodeId, PeerCertError> {
+    let cert = chain.first().ok_or(PeerCertError::Missing)?;
     Ok(node_id_from_public_key(&ed25519_public_key(cert)?))
 }
 
 /// The raw Ed25519 public key of a certificate.
-fn ed25519_public_key(cert: &CertificateDer<'_>) -> Result<Vec<u8>, String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
-        .map_err(|e| format!("the peer certificate does not parse: {e}"))?;
+fn ed25519_public_key(cert: &CertificateDer<'_>) -> Result<Vec<u8>, PeerCertError> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(PeerCertError::Unparsable)?;
     let spki = parsed.public_key();
-    if spki.algorithm.algorithm.to_id_string() != ED25519_OID {
-        return Err(format!(
-            "the peer certificate holds a {} key, not Ed25519",
-            spki.algorithm.algorithm.to_id_string()
-        ));
+    let algorithm = spki.algorithm.algorithm.to_id_string();
+    if algorithm != ED25519_OID {
+        return Err(PeerCertError::NotEd25519 { algorithm });
     }
     let key = spki.subject_public_key.data.to_vec();
     if key.len() != 32 {
-        return Err(format!("the peer's Ed25519 key is {} bytes, not 32", key.len()));
+        return Err(PeerCertError::KeyLength { len: key.len() });
     }
     Ok(key)
 }
@@ -94,7 +132,7 @@ struct PeerKeyVerifier {
 
 impl PeerKeyVerifier {
     fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        ed25519_public_key(end_entity).map(|_| ()).map_err(rustls::Error::General)
+        ed25519_public_key(end_entity).map(|_| ()).map_err(|e| rustls::Error::General(e.to_string()))
     }
 
     fn tls13(

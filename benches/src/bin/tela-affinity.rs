@@ -238,30 +238,83 @@ struct Conversation {
     errors: usize,
 }
 
+/// Why a turn got no complete answer. The conversation ends there (its history would lack
+/// the answer).
+#[derive(Debug, thiserror::Error)]
+enum TurnError {
+    /// No connection to the router.
+    #[error("connect: {0}")]
+    Connect(#[source] Box<dyn std::error::Error>),
+    /// The request could not be built.
+    #[error(transparent)]
+    Request(hyper::http::Error),
+    /// The kept-alive connection broke before the request was sent.
+    #[error("connection: {0}")]
+    Connection(#[source] hyper::Error),
+    /// The request was sent and no response head came back.
+    #[error("request: {0}")]
+    Send(#[source] hyper::Error),
+    /// The router answered with an error status.
+    #[error("{status}: {body}")]
+    Status {
+        /// The status.
+        status: hyper::StatusCode,
+        /// The error body, as text.
+        body: String,
+    },
+    /// The streamed body broke.
+    #[error("stream: {0}")]
+    Stream(#[source] hyper::Error),
+    /// An SSE event's data is not JSON.
+    #[error("not JSON: {data}")]
+    NotJson {
+        /// The event's data.
+        data: String,
+        /// What the parser said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The stream carried an error event.
+    #[error("error event: {data}")]
+    ErrorEvent {
+        /// The event's data.
+        data: String,
+    },
+    /// The stream ended without `data: [DONE]`.
+    #[error("the stream ended without [DONE]")]
+    NoDone,
+    /// The stream ended without a content chunk.
+    #[error("no content")]
+    NoContent,
+    /// No answer within [`TURN_TIMEOUT`].
+    #[error("timed out")]
+    TimedOut,
+}
+
 /// One streamed turn: TTFT (to the first non-empty content delta), the answer's text and its
 /// chunks; or why it failed.
 async fn turn(
     sender: &mut SendRequest<Full<Bytes>>,
     addr: SocketAddr,
     body: Bytes,
-) -> std::result::Result<(Duration, String, u64), String> {
+) -> std::result::Result<(Duration, String, u64), TurnError> {
     let req = hyper::Request::post("/v1/chat/completions")
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .body(Full::new(body))
-        .map_err(|e| e.to_string())?;
+        .map_err(TurnError::Request)?;
     let t0 = Instant::now();
-    sender.ready().await.map_err(|e| format!("connection: {e}"))?;
-    let resp = sender.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+    sender.ready().await.map_err(TurnError::Connection)?;
+    let resp = sender.send_request(req).await.map_err(TurnError::Send)?;
     let status = resp.status();
     let mut body = resp.into_body();
     if status != 200 {
         let text = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-        return Err(format!("{status}: {}", String::from_utf8_lossy(&text)));
+        return Err(TurnError::Status { status, body: String::from_utf8_lossy(&text).into_owned() });
     }
     let (mut buf, mut content, mut ttft, mut chunks, mut done) = (Vec::new(), String::new(), None, 0, false);
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(|e| format!("stream: {e}"))?.into_data() else { continue };
+        let Ok(data) = frame.map_err(TurnError::Stream)?.into_data() else { continue };
         buf.extend_from_slice(&data);
         // SSE lines end with \n (engine-sim) or \r\n (llama-cpp-python's server).
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
@@ -273,9 +326,10 @@ async fn turn(
                 done = true;
                 continue;
             }
-            let v = serde_json::from_str::<Value>(data).map_err(|_| format!("not JSON: {data}"))?;
+            let v = serde_json::from_str::<Value>(data)
+                .map_err(|source| TurnError::NotJson { data: data.to_string(), source })?;
             if v.get("error").is_some() {
-                return Err(format!("error event: {data}"));
+                return Err(TurnError::ErrorEvent { data: data.to_string() });
             }
             if let Some(c) = v["choices"][0]["delta"]["content"].as_str().filter(|c| !c.is_empty()) {
                 ttft.get_or_insert_with(|| t0.elapsed());
@@ -285,9 +339,9 @@ async fn turn(
         }
     }
     if !done {
-        return Err("the stream ended without [DONE]".into());
+        return Err(TurnError::NoDone);
     }
-    Ok((ttft.ok_or("no content")?, content, chunks))
+    Ok((ttft.ok_or(TurnError::NoContent)?, content, chunks))
 }
 
 /// Runs conversation `c` to its end (or the deadline), turn `t` through `targets[t % len]`.
@@ -315,12 +369,12 @@ async fn conversation(
             // closed by the server: open a new one then, as an HTTP client pool would.
             let sender = match &mut senders[i] {
                 Some(s) if !s.is_closed() => s,
-                slot => slot.insert(connect(addr).await.map_err(|e| format!("connect: {e}"))?),
+                slot => slot.insert(connect(addr).await.map_err(TurnError::Connect)?),
             };
             turn(sender, addr, Bytes::from(body.to_string())).await
         };
         let Ok(_turn) = turns.acquire().await else { break };
-        let outcome = tokio::time::timeout(TURN_TIMEOUT, exchange).await.unwrap_or_else(|_| Err("timed out".into()));
+        let outcome = tokio::time::timeout(TURN_TIMEOUT, exchange).await.unwrap_or(Err(TurnError::TimedOut));
         match outcome {
             Ok((ttft, answer, tokens)) => {
                 out.ttfts.push((t, ttft));

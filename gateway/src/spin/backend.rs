@@ -6,13 +6,27 @@ use std::sync::Arc;
 
 use tela_runtime::batch::firecrest::{Firecrest, FirecrestConfig};
 use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
-use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig};
-use tela_runtime::batch::BatchSystem;
+use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig, UnknownRestVersion};
+use tela_runtime::batch::{BatchError, BatchSystem};
 
 use super::config::BackendPlan;
 
+/// Why the backend a plan names cannot be set up. Nothing was submitted or contacted.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// `[spin.backend] version` names a slurmrestd version Tela does not speak.
+    #[error(transparent)]
+    RestVersion(#[from] UnknownRestVersion),
+    /// The slurmrestd client could not be built (its token file, its CA, its URL).
+    #[error(transparent)]
+    Slurmrest(BatchError),
+    /// The FirecREST client could not be built (its credentials, its CA, its URL).
+    #[error(transparent)]
+    Firecrest(BatchError),
+}
+
 /// The backend for `plan`.
-pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
+pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, BackendError> {
     match plan {
         BackendPlan::Sbatch { sbatch, squeue, scancel, sbatch_args, query_args, timeout } => {
             Ok(Arc::new(Sbatch::new(SbatchConfig {
@@ -26,13 +40,12 @@ pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
             })))
         }
         BackendPlan::Slurmrest { url, user, token_file, version, timeout, ca_cert } => {
-            let version: RestVersion =
-                version.parse().map_err(|e: tela_runtime::batch::slurmrest::UnknownRestVersion| e.to_string())?;
+            let version: RestVersion = version.parse()?;
             let mut config = SlurmRestConfig::new(url.clone(), user.clone(), token_file.clone());
             config.timeout = *timeout;
             config.version = Some(version);
             config.ca_cert = ca_cert.clone();
-            Ok(Arc::new(SlurmRest::with_version(config, version).map_err(|e| e.to_string())?))
+            Ok(Arc::new(SlurmRest::with_version(config, version).map_err(BackendError::Slurmrest)?))
         }
         BackendPlan::Firecrest { url, system, token_url, client_id, client_secret, timeout, ca_cert } => {
             let mut config = FirecrestConfig::new(
@@ -44,7 +57,7 @@ pub fn connect(plan: &BackendPlan) -> Result<Arc<dyn BatchSystem>, String> {
             );
             config.timeout = *timeout;
             config.ca_cert = ca_cert.clone();
-            Ok(Arc::new(Firecrest::new(config).map_err(|e| e.to_string())?))
+            Ok(Arc::new(Firecrest::new(config).map_err(BackendError::Firecrest)?))
         }
     }
 }

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tela_core::hardware::GPU_CATALOG;
-use tela_core::placement::{place, KvHeadroom, ModelSpec, NodeShape, Placement, Variant};
+use tela_core::placement::{place, KvHeadroom, ModelSpec, NoPlacement, NodeShape, Placement, Variant};
 use tela_core::spin::{GpuHourBudget, ModelPolicy, SpinConfig, Spinner};
 use tela_core::{FabricId, GpuModel, Hardware, Quantization};
 use tela_runtime::batch::firecrest::ClientSecret;
@@ -581,7 +581,7 @@ pub struct PlannedModel {
     /// The model.
     pub model: String,
     /// The placement, or why there is none.
-    pub placement: Result<Placement, String>,
+    pub placement: Result<Placement, NoPlacement>,
 }
 
 impl SpinPlan {
@@ -702,7 +702,7 @@ impl SpinPlan {
             .iter()
             .map(|m| PlannedModel {
                 model: m.name().to_string(),
-                placement: place_on(&m.policy.spec, &m.policy.shapes, &self.shapes()).map_err(|e| e.to_string()),
+                placement: place_on(&m.policy.spec, &m.policy.shapes, &self.shapes()),
             })
             .collect()
     }
@@ -783,11 +783,7 @@ impl SpinPlan {
 
 /// [`place`] over the shapes a model may use (`allowed`, in order; all when empty), with the
 /// placement's index pointing into `shapes`.
-pub fn place_on(
-    spec: &ModelSpec,
-    allowed: &[String],
-    shapes: &[NodeShape],
-) -> Result<Placement, tela_core::placement::NoPlacement> {
+pub fn place_on(spec: &ModelSpec, allowed: &[String], shapes: &[NodeShape]) -> Result<Placement, NoPlacement> {
     let indices: Vec<usize> = if allowed.is_empty() {
         (0..shapes.len()).collect()
     } else {

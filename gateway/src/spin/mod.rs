@@ -40,7 +40,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use tela_core::placement::Placement;
-use tela_core::spin::{Blocked, JobStatus, ReplicaStatus};
+use tela_core::spin::{Blocked, JobStatus, ReplicaStatus, SpinConfigError};
 use tela_core::{Demand, JobId, Lifecycle, NodeId, SpinCommand, SpinView, Spinner};
 use tela_runtime::batch::{BatchJobId, BatchState, BatchSystem, JobSignal};
 use tela_runtime::status::{hex, RegistrySnapshot};
@@ -259,9 +259,12 @@ pub(crate) fn shared(setup: &SpinSetup, view: &RuntimeView) -> Arc<SpinShared> {
 }
 
 /// Starts the spin and release tasks.
-pub(crate) fn start(setup: SpinSetup, spin: Arc<SpinShared>, parts: GatewayParts) -> Result<SpinTasks, String> {
-    let spinner = Spinner::new(setup.plan.limits, setup.plan.models.iter().map(|m| m.policy.clone()).collect())
-        .map_err(|e| e.to_string())?;
+pub(crate) fn start(
+    setup: SpinSetup,
+    spin: Arc<SpinShared>,
+    parts: GatewayParts,
+) -> Result<SpinTasks, SpinConfigError> {
+    let spinner = Spinner::new(setup.plan.limits, setup.plan.models.iter().map(|m| m.policy.clone()).collect())?;
     let release =
         tokio::spawn(release_loop(spin.clone(), parts.view.clone(), parts.published.clone(), parts.stop.clone()));
     if setup.plan.batch.is_some() && parts.batch.is_none() {

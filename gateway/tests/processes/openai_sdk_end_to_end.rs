@@ -58,6 +58,16 @@ async fn no_capacity_gateway(fed: &Fed) -> Gateway {
     }
 }
 
+/// The SDK suite failed; the federation is left as it was for the caller to stop.
+#[derive(Debug, thiserror::Error)]
+#[error("the OpenAI SDK suite failed against the {engine} federation:\n{output}")]
+struct SuiteFailed {
+    /// Which engine the federation ran.
+    engine: String,
+    /// What pytest printed.
+    output: String,
+}
+
 fn run_pytest(
     python: &PathBuf,
     fed: &Fed,
@@ -65,7 +75,7 @@ fn run_pytest(
     model: &str,
     engine: &str,
     broken: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), SuiteFailed> {
     let suite = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
@@ -89,7 +99,7 @@ fn run_pytest(
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("the OpenAI SDK suite failed against the {engine} federation:\n{text}"))
+        Err(SuiteFailed { engine: engine.to_string(), output: text })
     }
 }
 

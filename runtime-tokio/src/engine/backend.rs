@@ -79,13 +79,28 @@ pub enum ProbeError {
         status: StatusCode,
     },
     /// `/v1/models` did not list models in the OpenAI shape.
-    #[error("{url} did not return an OpenAI model list: {detail}")]
+    #[error("{url} did not return an OpenAI model list: {source}")]
     BadModels {
         /// What was requested.
         url: String,
         /// What was wrong.
-        detail: String,
+        #[source]
+        source: ModelListError,
     },
+}
+
+/// Why a `/v1/models` answer lists no usable model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelListError {
+    /// The body is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// The JSON has no `data` array.
+    #[error("no \"data\" list")]
+    NoDataList,
+    /// The `data` array names no model that fits a record.
+    #[error("the list has no model")]
+    Empty,
 }
 
 impl Backend {
@@ -151,7 +166,7 @@ impl Backend {
         if !status.is_success() {
             return Err(ProbeError::Status { url, status });
         }
-        parse_models(&body).map_err(|detail| ProbeError::BadModels { url, detail })
+        parse_models(&body).map_err(|source| ProbeError::BadModels { url, source })
     }
 
     /// `GET /metrics` (the Prometheus text format): the status and at most `max_body` bytes
@@ -219,9 +234,9 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// The models of an OpenAI `/v1/models` answer (`{"data":[{"id":...}]}`), as the core's
 /// [`Model`]s. Names too long for a record are skipped; at most the first eight are kept.
-pub fn parse_models(body: &[u8]) -> Result<Vec<Model>, String> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-    let data = value.get("data").and_then(|d| d.as_array()).ok_or("no \"data\" list")?;
+pub fn parse_models(body: &[u8]) -> Result<Vec<Model>, ModelListError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(ModelListError::NotJson)?;
+    let data = value.get("data").and_then(|d| d.as_array()).ok_or(ModelListError::NoDataList)?;
     let mut models = Vec::new();
     for entry in data {
         let Some(id) = entry.get("id").and_then(|i| i.as_str()) else {
@@ -234,7 +249,7 @@ pub fn parse_models(body: &[u8]) -> Result<Vec<Model>, String> {
         models.push(Model { name: id.to_string(), quant: guess_quantization(id) });
     }
     if models.is_empty() {
-        return Err("the list has no model".into());
+        return Err(ModelListError::Empty);
     }
     let max = tela_core::record::MAX_MODELS;
     if models.len() > max {
@@ -297,9 +312,9 @@ mod tests {
         assert_eq!(models.len(), 2);
         assert_eq!(models[0].quant, Quantization::Awq);
         assert_eq!(models[1].name, "smollm2");
-        assert!(parse_models(b"{}").is_err());
-        assert!(parse_models(br#"{"data":[]}"#).is_err());
-        assert!(parse_models(b"<html>").unwrap_err().contains("not JSON"));
+        assert!(matches!(parse_models(b"{}"), Err(ModelListError::NoDataList)));
+        assert!(matches!(parse_models(br#"{"data":[]}"#), Err(ModelListError::Empty)));
+        assert!(parse_models(b"<html>").unwrap_err().to_string().contains("not JSON"));
     }
 
     #[tokio::test]

@@ -30,7 +30,8 @@ mod process;
 mod traffic;
 
 pub use backend::{
-    error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ProbeError,
+    error_chain, guess_quantization, parse_models, Backend, BackendUrlError, BodyError, EngineBody, ModelListError,
+    ProbeError,
 };
 pub use load::{report_load, LoadConfig, DEFAULT_HANDOVER_WINDOW};
 pub use process::EngineProcess;

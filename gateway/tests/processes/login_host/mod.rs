@@ -222,9 +222,26 @@ pub struct Namespaces {
     pub gateway_api_ip: String,
 }
 
+/// Why the namespaces could not be built (no root, no `ip`, no veth support). Whatever was
+/// built before the failure is removed again.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespacesError {
+    /// The `ip` command could not be started.
+    #[error("cannot run ip: {0}")]
+    NoIp(#[source] std::io::Error),
+    /// One `ip` step exited with failure.
+    #[error("ip {} failed: {stderr}", args.join(" "))]
+    Step {
+        /// Its arguments.
+        args: Vec<String>,
+        /// What it printed on stderr, trimmed.
+        stderr: String,
+    },
+}
+
 impl Namespaces {
-    /// Builds them; `Err` says what failed (no root, no `ip`, no veth support).
-    pub fn create() -> Result<Namespaces, String> {
+    /// Builds them; `Err` says what failed.
+    pub fn create() -> Result<Namespaces, NamespacesError> {
         let pid = std::process::id();
         let net = 100 + pid % 100;
         let ns = |role: &str| format!("tela-{role}-{pid}");
@@ -267,9 +284,10 @@ impl Namespaces {
         .map(|s| s.into_iter().map(|a| a.to_string()).collect())
         .collect();
         for step in steps {
-            let out = Command::new("ip").args(&step).output().map_err(|e| format!("cannot run ip: {e}"))?;
+            let out = Command::new("ip").args(&step).output().map_err(NamespacesError::NoIp)?;
             if !out.status.success() {
-                return Err(format!("ip {} failed: {}", step.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+                let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                return Err(NamespacesError::Step { args: step, stderr });
             }
         }
         // Login routes nothing between its links (a new namespace starts with forwarding off;
