@@ -85,7 +85,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 mod policy;
+mod slurm_time;
 pub use policy::{GpuHourBudget, ModelPolicy, SpinConfig, SpinConfigError};
+pub use slurm_time::parse_slurm_duration;
 
 /// A job the spinner submitted, numbered by the spinner; the runtime maps it to the batch
 /// system's own id.

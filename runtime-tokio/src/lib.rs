@@ -14,9 +14,10 @@
 //! - [`relay`] — `tela relay`, which forwards nodes' TCP+TLS tunnels to allowed gateways
 //!   without terminating them; nodes reach gateways directly, through it or through the login
 //!   host's `ssh` ([`ssh`]), as their [`path`] says.
-//! - [`batch`] — the spinner's way into batch systems: the Slurm command-line, `slurmrestd`
-//!   and FirecREST v2 backends behind one trait, and the job template that turns a placement
-//!   into a batch script running `tela node`.
+//!
+//! The spinner's way into batch systems (the Slurm command-line, `slurmrestd` and FirecREST v2
+//! backends, and the job template that runs `tela node`) is a crate of its own, `tela-batch`,
+//! which the gateway uses; this crate runs the jobs' nodes, it does not submit them.
 //!
 //! # Driving the core
 //!
@@ -112,10 +113,6 @@ mod sync;
 pub mod anchor;
 #[cfg(not(loom))]
 pub mod backoff;
-#[cfg(not(loom))]
-pub mod batch;
-#[cfg(not(loom))]
-pub mod client_tls;
 #[cfg(not(loom))]
 pub mod clock;
 #[cfg(not(loom))]

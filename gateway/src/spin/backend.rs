@@ -1,13 +1,13 @@
 //! The [`BatchSystem`] a plan's `[spin.backend]` names: the Slurm commands
-//! ([`tela_runtime::batch::sbatch`]), slurmrestd ([`tela_runtime::batch::slurmrest`]) or
-//! FirecREST v2 ([`tela_runtime::batch::firecrest`]).
+//! ([`tela_batch::sbatch`]), slurmrestd ([`tela_batch::slurmrest`]) or
+//! FirecREST v2 ([`tela_batch::firecrest`]).
 
 use std::sync::Arc;
 
-use tela_runtime::batch::firecrest::{Firecrest, FirecrestConfig};
-use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
-use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig, UnknownRestVersion};
-use tela_runtime::batch::{BatchError, BatchSystem};
+use tela_batch::firecrest::{Firecrest, FirecrestConfig};
+use tela_batch::sbatch::{Sbatch, SbatchConfig};
+use tela_batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig, UnknownRestVersion};
+use tela_batch::{BatchError, BatchSystem};
 
 use super::config::BackendPlan;
 

@@ -46,11 +46,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tela_batch::firecrest::ClientSecret;
 use tela_core::hardware::GPU_CATALOG;
 use tela_core::placement::{place, KvHeadroom, ModelSpec, NoPlacement, NodeShape, Placement, Variant};
 use tela_core::spin::{GpuHourBudget, ModelPolicy, SpinConfig, Spinner};
 use tela_core::{FabricId, GpuModel, Hardware, Quantization};
-use tela_runtime::batch::firecrest::ClientSecret;
 
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -642,7 +642,7 @@ impl SpinPlan {
             let mut model = resolve_model(m, &partitions)?;
             if let Some(b) = batch {
                 // Even a job Slurm shrank to its least time must leave time to serve.
-                let least = model.drain_window + tela_runtime::batch::template::DRAIN_SIGNAL_SLACK;
+                let least = model.drain_window + tela_batch::template::DRAIN_SIGNAL_SLACK;
                 if b.job_time_min <= least {
                     return Err(invalid(
                         "spin.batch.job_time_min",
@@ -650,7 +650,7 @@ impl SpinPlan {
                             "{} is not longer than model '{}''s drain window plus {} ({}): a shrunk job could not serve",
                             humantime::format_duration(b.job_time_min),
                             m.name,
-                            humantime::format_duration(tela_runtime::batch::template::DRAIN_SIGNAL_SLACK),
+                            humantime::format_duration(tela_batch::template::DRAIN_SIGNAL_SLACK),
                             humantime::format_duration(least)
                         ),
                     ));
@@ -865,7 +865,7 @@ fn resolve_backend(section: Option<&BackendSection>) -> Result<BackendPlan, Conf
                 )
             })?;
             let version = b.version.clone().unwrap_or_else(|| "v0.0.38".into());
-            if let Err(e) = version.parse::<tela_runtime::batch::slurmrest::RestVersion>() {
+            if let Err(e) = version.parse::<tela_batch::slurmrest::RestVersion>() {
                 return Err(invalid("spin.backend.version", e.to_string()));
             }
             Ok(BackendPlan::Slurmrest { url, user, token_file, version, timeout, ca_cert })
@@ -1145,7 +1145,7 @@ fn resolve_model(m: &ModelSection, partitions: &[Partition]) -> Result<SpinModel
         return Err(invalid(key("walltime"), "must be at least one minute, Slurm's granularity"));
     }
     let drain_window = positive(&key("drain_window"), m.drain_window, Duration::from_secs(15 * 60))?;
-    let slack = tela_runtime::batch::template::DRAIN_SIGNAL_SLACK;
+    let slack = tela_batch::template::DRAIN_SIGNAL_SLACK;
     if drain_window + slack >= policy.walltime {
         return Err(invalid(
             key("drain_window"),

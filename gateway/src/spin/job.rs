@@ -12,9 +12,9 @@
 
 use std::time::Duration;
 
+use tela_batch::template::{JobTemplate, TemplateError};
+use tela_batch::JobRequest;
 use tela_core::placement::Placement;
-use tela_runtime::batch::template::{JobTemplate, TemplateError};
-use tela_runtime::batch::JobRequest;
 
 use super::config::{JobSettings, Partition, SpinModel};
 

@@ -39,10 +39,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
+use tela_batch::{BatchJobId, BatchState, BatchSystem, JobSignal};
 use tela_core::placement::Placement;
 use tela_core::spin::{Blocked, JobStatus, ReplicaStatus, SpinConfigError};
 use tela_core::{Demand, JobId, Lifecycle, NodeId, SpinCommand, SpinView, Spinner};
-use tela_runtime::batch::{BatchJobId, BatchState, BatchSystem, JobSignal};
 use tela_runtime::status::{hex, RegistrySnapshot};
 use tela_runtime::RuntimeView;
 use tokio::sync::{watch, Notify};

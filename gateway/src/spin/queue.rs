@@ -16,8 +16,8 @@
 use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
+use tela_batch::BatchSystem;
 use tela_core::placement::Placement;
-use tela_runtime::batch::BatchSystem;
 
 use super::config::{Partition, SpinPlan};
 use super::job;

@@ -8,8 +8,8 @@ use crate::procs;
 use crate::slurm_env;
 
 use std::time::Duration;
-use tela_runtime::batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig};
-use tela_runtime::batch::{BatchError, BatchJobId, BatchSystem};
+use tela_batch::slurmrest::{RestVersion, SlurmRest, SlurmRestConfig};
+use tela_batch::{BatchError, BatchJobId, BatchSystem};
 
 fn config(env: &slurm_env::SlurmEnv) -> SlurmRestConfig {
     let (url, user, token) = env.rest.clone().expect("REST settings");
@@ -66,7 +66,7 @@ fn a_renewed_token_file_is_picked_up() {
         let real = std::fs::read_to_string(env.rest.as_ref().expect("rest").2.clone()).expect("read the token");
         std::fs::write(&token, real).expect("write");
         let jobs = batch.jobs(&unknown).await.expect("the renewed token works");
-        assert_eq!(jobs[0].state, tela_runtime::batch::BatchState::Ended);
+        assert_eq!(jobs[0].state, tela_batch::BatchState::Ended);
     });
 }
 

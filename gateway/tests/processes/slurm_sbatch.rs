@@ -8,7 +8,7 @@ use crate::procs;
 use crate::slurm_env;
 
 use std::time::Duration;
-use tela_runtime::batch::sbatch::{Sbatch, SbatchConfig};
+use tela_batch::sbatch::{Sbatch, SbatchConfig};
 
 #[cfg_attr(
     not(tela_slurm),
@@ -39,7 +39,7 @@ fn sbatch_refusals_carry_slurms_words() {
 #[test]
 fn a_missing_sbatch_is_unreachable_not_a_panic() {
     procs::run_test(Duration::from_secs(30), async {
-        use tela_runtime::batch::{BatchError, BatchJobId, BatchSystem};
+        use tela_batch::{BatchError, BatchJobId, BatchSystem};
         let batch = Sbatch::new(SbatchConfig { squeue: "/nonexistent/squeue".into(), ..SbatchConfig::default() });
         let err = batch.jobs(&[BatchJobId(1)]).await.unwrap_err();
         assert!(matches!(err, BatchError::Unreachable { .. }), "{err}");

@@ -17,12 +17,10 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
+use tela_batch::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
 use tela_gateway::config::LoadedConfig;
 use tela_gateway::gateway::Gateway;
 use tela_gateway::spin::SpinSetup;
-use tela_runtime::batch::{
-    BatchError, BatchFuture, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal,
-};
 
 /// A batch system on this machine: each job is its batch script run by bash in its own process
 /// group, with `SLURM_JOB_ID` set and an `scontrol` on `PATH` that records the job's comment.

@@ -8,10 +8,10 @@
 use crate::procs;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tela_batch::template::{sh_quote, JobTemplate};
+use tela_batch::{BatchError, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
 use tela_core::placement::{Placement, Variant};
 use tela_core::{GpuModel, Hardware, Lifecycle, NodeId, Quantization};
-use tela_runtime::batch::template::{sh_quote, JobTemplate};
-use tela_runtime::batch::{BatchError, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
 
 pub mod discover;
 pub use discover::{slurm_env, SlurmEnv};

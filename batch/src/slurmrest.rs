@@ -20,7 +20,7 @@
 //!   asked for: the REST API refuses `B:` signals, and a signal without it would reach only job
 //!   steps (the engine, if the template starts it with `srun`). A REST-submitted `tela node`
 //!   drains on its own timer instead, one drain window before the time limit it reads from
-//!   Slurm (see [`crate::walltime`]).
+//!   Slurm (see `tela_runtime::walltime`).
 //! - **jobs**: `GET /slurm/v0.0.38/job/{id}` per id (a few at a time); a job Slurm no longer
 //!   knows is [`BatchState::Ended`](super::BatchState::Ended).
 //! - **cancel**: `DELETE /slurm/v0.0.38/job/{id}`.
@@ -36,8 +36,8 @@
 //! [`BatchError::Unreachable`] that says why (`TLS: certificate not trusted for host …`).
 //!
 //! ```no_run
-//! use tela_runtime::batch::slurmrest::{SlurmRest, SlurmRestConfig};
-//! use tela_runtime::batch::BatchSystem;
+//! use tela_batch::slurmrest::{SlurmRest, SlurmRestConfig};
+//! use tela_batch::BatchSystem;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = SlurmRestConfig::new("http://127.0.0.1:6820", "alice", "/home/alice/.slurm-jwt");
 //! let slurm = SlurmRest::connect(config).await?;   // discovers v0.0.38

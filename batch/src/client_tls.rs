@@ -1,5 +1,5 @@
-//! TLS for Tela's outgoing HTTPS: the REST batch backends ([`crate::batch::slurmrest`],
-//! [`crate::batch::firecrest`] and its token endpoint), and the gateway's `tela status
+//! TLS for Tela's outgoing HTTPS: the REST batch backends ([`crate::slurmrest`],
+//! [`crate::firecrest`] and its token endpoint), and the gateway's `tela status
 //! --gateway https://…` and overflow providers. One client configuration for all of them:
 //! the system's certificate store (`rustls-native-certs`) plus, when given, the CAs of one more
 //! PEM file, for sites that sign their services with their own CA.

@@ -18,7 +18,7 @@
 //!    once; the script then waits again until the node has exited, and exits with its status.
 //!
 //! The node learns its walltime from Slurm itself (`squeue %L` inside the job, see
-//! [`crate::walltime`]) and starts draining one drain window before it; `--signal=B:USR1@...`
+//! `tela_runtime::walltime`) and starts draining one drain window before it; `--signal=B:USR1@...`
 //! (sbatch) asks Slurm for a warning [`DRAIN_SIGNAL_SLACK`] earlier than that, as a second,
 //! independent trigger that covers Slurm's 30-second limit checks. The drain window is passed
 //! to the node (`TELA_DRAIN_WINDOW`). The engine runs with SIGUSR1 ignored: slurmrestd signals
@@ -43,7 +43,7 @@
 //! use std::time::Duration;
 //! use tela_core::placement::{place, ModelSpec, NodeShape};
 //! use tela_core::{GpuModel, Hardware, Quantization};
-//! use tela_runtime::batch::template::JobTemplate;
+//! use tela_batch::template::JobTemplate;
 //!
 //! let shapes = [NodeShape::new("a100", Hardware::catalog(GpuModel::A100_80, 4), 2)];
 //! let spec = ModelSpec::new("llama-70b", 70_000, Quantization::Bf16);

@@ -1,5 +1,8 @@
-//! Batch systems: how a gateway's spinner turns [`SpinCommand`](tela_core::spin::SpinCommand)s
-//! into jobs — submit, look up, cancel, signal — whatever the scheduler's front door is.
+//! Tela's clients for batch systems: how a gateway's spinner turns
+//! [`SpinCommand`](tela_core::spin::SpinCommand)s into jobs — submit, look up, cancel, signal —
+//! whatever the scheduler's front door is. The spinner's decisions live in `tela-core`
+//! ([`tela_core::spin`]); this crate only talks to the scheduler, and knows nothing of the
+//! runtime that serves the jobs once they run.
 //!
 //! [`BatchSystem`] is the one interface the spinner drives. Backends implement it for one front
 //! door each: the Slurm command line ([`sbatch`]: `sbatch`, `squeue`, `scancel`), Slurm's REST
@@ -7,18 +10,61 @@
 //! client credentials, `POST`/`GET`/`DELETE /compute/{system}/jobs`; resources and the walltime
 //! warning travel as `#SBATCH` lines, as v2 has no signal endpoint, and a drain is a `scancel
 //! --batch --signal=USR1` run in the job through its `attach` endpoint). The two REST backends
-//! share one HTTP exchange (`http`).
+//! share one HTTP exchange (`http`) and one TLS client configuration ([`client_tls`], which the
+//! gateway's own outgoing HTTPS uses too).
 //!
-//! What a job runs is rendered by a job template from the spinner's placement; see
-//! [`JobRequest`]. The link from a job to the serving node it became is the job's *comment*:
-//! the batch script writes `tela-node=<node id>` into it once the node's identity exists, and
+//! # Driving it
+//!
+//! 1. Build one backend from its configuration ([`sbatch::Sbatch::new`],
+//!    [`slurmrest::SlurmRest::connect`], [`firecrest::Firecrest::new`]) and keep it as a
+//!    `dyn BatchSystem`.
+//! 2. Render what a job runs with a [`template::JobTemplate`] from the spinner's placement; the
+//!    result is a [`JobRequest`].
+//! 3. Optionally ask [`BatchSystem::estimate_start`] where the job would start soonest: the
+//!    command-line backend answers with `sbatch --test-only`; the REST backends answer
+//!    "unknown" (slurmrestd v0.0.38 and FirecREST v2 offer no will-run call).
+//! 4. [`BatchSystem::submit`] it and keep the [`BatchJobId`].
+//! 5. Poll [`BatchSystem::jobs`] with the ids still live: every id gets an answer, in order,
+//!    and a job the scheduler forgot is [`BatchState::Ended`].
+//! 6. End a job with [`BatchSystem::signal`] ([`JobSignal::Drain`]: the node finishes its
+//!    requests, then exits) or [`BatchSystem::cancel`].
+//!
+//! The link from a job to the serving node it became is the job's *comment*: the batch script
+//! writes `tela-node=<node id>` into it once the node's identity exists, and
 //! [`BatchJob::node`] parses it back, so the Slurm backends can report it (FirecREST v2's job
 //! answer carries no comment).
 //!
-//! Before submitting, the spinner may ask [`BatchSystem::estimate_start`] where a job would
-//! start soonest: the command-line backend answers with `sbatch --test-only`; the REST backends
-//! answer "unknown" (slurmrestd v0.0.38 and FirecREST v2 offer no will-run call).
+//! ```no_run
+//! use std::time::Duration;
+//! use tela_batch::sbatch::{Sbatch, SbatchConfig};
+//! use tela_batch::template::JobTemplate;
+//! use tela_batch::{BatchSystem, JobSignal};
+//! use tela_core::placement::{place, ModelSpec, NodeShape};
+//! use tela_core::{GpuModel, Hardware, Quantization};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let slurm: Box<dyn BatchSystem> = Box::new(Sbatch::new(SbatchConfig::default()));
+//! let shapes = [NodeShape::new("a100", Hardware::catalog(GpuModel::A100_80, 4), 2)];
+//! let placement = place(&ModelSpec::new("llama-8b", 8_000, Quantization::Bf16), &shapes)?;
+//! let template = JobTemplate::new(
+//!     "/opt/tela/bin/tela",
+//!     vec!["gw.example.org:7000".into()],
+//!     "/home/svc/.tela/secret",
+//!     "vllm serve {model} --port {port}",
+//! );
+//! let job = template.render("llama-8b", &placement, Duration::from_secs(3600))?;
+//!
+//! let id = slurm.submit(&job).await?;
+//! let listed = slurm.jobs(&[id]).await?;
+//! println!("job {id}: {} on {:?}, node {:?}", listed[0].raw_state, listed[0].hosts, listed[0].node());
+//! slurm.signal(id, JobSignal::Drain).await?;
+//! # Ok(()) }
+//! ```
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod client_tls;
 pub mod firecrest;
 mod http;
 pub mod sbatch;

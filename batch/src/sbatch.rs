@@ -24,7 +24,7 @@
 //! what a failing command printed on stderr ends up in the [`BatchError`].
 //!
 //! ```no_run
-//! use tela_runtime::batch::{sbatch::{Sbatch, SbatchConfig}, BatchJobId, BatchSystem};
+//! use tela_batch::{sbatch::{Sbatch, SbatchConfig}, BatchJobId, BatchSystem};
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let slurm = Sbatch::new(SbatchConfig::default());
 //! let jobs = slurm.jobs(&[BatchJobId(42)]).await?;
@@ -33,10 +33,10 @@
 //! ```
 
 use super::{BatchError, BatchFuture, BatchJob, BatchJobId, BatchState, BatchSystem, JobRequest, JobSignal};
-use crate::walltime::parse_slurm_duration;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
+use tela_core::spin::parse_slurm_duration;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 

@@ -11,9 +11,9 @@
 //! - Errors are `{"errorType", "message", "causedBy", "user"}`, or FastAPI's `{"detail"}`.
 
 use super::BACKEND;
-use crate::batch::http::preview;
-use crate::batch::sbatch::{expand_hostlist, resource_args, slurm_state};
-use crate::batch::{node_comment, BatchError, BatchJob, BatchJobId, BatchState, JobRequest};
+use crate::http::preview;
+use crate::sbatch::{expand_hostlist, resource_args, slurm_state};
+use crate::{node_comment, BatchError, BatchJob, BatchJobId, BatchState, JobRequest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -12,9 +12,9 @@
 
 use super::super::{BatchJob, BatchJobId, JobRequest};
 use super::BACKEND;
-use crate::batch::sbatch::{expand_hostlist, slurm_state};
-use crate::batch::BatchError;
-use crate::batch::BatchState;
+use crate::sbatch::{expand_hostlist, slurm_state};
+use crate::BatchError;
+use crate::BatchState;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -220,7 +220,7 @@ pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, BatchError>
 
 /// The start of a body, for messages.
 pub fn preview(body: &[u8]) -> String {
-    crate::batch::http::preview(body)
+    crate::http::preview(body)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //!   script as `#SBATCH` lines right after its `#!` line — the same options the sbatch backend
 //!   passes ([`super::sbatch::resource_args`]), `--signal=B:USR1@<drain>` included. v2 has no
 //!   endpoint to signal a job, so that line is the walltime drain's trigger (with the node's own
-//!   walltime timer, see [`crate::walltime`]).
+//!   walltime timer, see `tela_runtime::walltime`).
 //! - **jobs**: `GET /compute/{system}/jobs/{id}` per id (a few at a time). FirecREST answers
 //!   from `sacct` and `squeue`; 404 means Slurm forgot the job: [`super::BatchState::Ended`].
 //!   v2's job answer has no comment, so the node a running job became is read from the line
@@ -42,8 +42,8 @@
 //! [`BatchError::Unreachable`] that says why (`TLS: certificate not trusted for host …`).
 //!
 //! ```no_run
-//! use tela_runtime::batch::firecrest::{ClientSecret, Firecrest, FirecrestConfig};
-//! use tela_runtime::batch::BatchSystem;
+//! use tela_batch::firecrest::{ClientSecret, Firecrest, FirecrestConfig};
+//! use tela_batch::BatchSystem;
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = FirecrestConfig::new(
 //!     "https://api.cscs.example/v2",
