@@ -78,6 +78,7 @@
 use crate::id::NodeId;
 use crate::placement::{place, NoPlacement, NodeShape, Placement};
 use crate::record::Lifecycle;
+use crate::replica::Replica;
 use crate::time::Time;
 use core::cmp::Reverse;
 use core::time::Duration;
@@ -176,6 +177,37 @@ pub struct SpinView {
     pub jobs: Vec<JobStatus>,
     /// Hardware the spinner may ask for now.
     pub shapes: Vec<NodeShape>,
+}
+
+impl SpinView {
+    /// Adds the replicas of spinnable models that `replica` holds, as node `local` sees them:
+    /// one entry per node and spinnable model, `local` itself left out, and a node `local` no
+    /// longer hears from (not alive in its replica) held DOWN whatever its record says, since it
+    /// is no supply. `in_flight` gives a node's requests in flight as the caller counts them.
+    /// The gateway's spinner and the simulator both build their view's replicas here.
+    pub fn add_replicas(
+        &mut self,
+        replica: &Replica,
+        local: NodeId,
+        spinnable: impl Fn(&str) -> bool,
+        in_flight: impl Fn(&NodeId) -> u32,
+    ) {
+        for slot in replica.slots() {
+            let r = slot.record();
+            if r.id == local {
+                continue;
+            }
+            let lifecycle = if !slot.is_alive() && r.state < Lifecycle::Down { Lifecycle::Down } else { r.state };
+            for model in r.models.as_slice().iter().filter(|m| spinnable(&m.name)) {
+                self.replicas.push(ReplicaStatus {
+                    node: r.id,
+                    model: model.name.clone(),
+                    lifecycle,
+                    in_flight: in_flight(&r.id),
+                });
+            }
+        }
+    }
 }
 
 /// What the runtime should do.
@@ -610,6 +642,45 @@ mod tests {
     use crate::placement::{KvHeadroom, ModelSpec};
     use crate::record::Quantization;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_view_holds_spinnable_replicas_and_a_node_not_heard_from_is_down() {
+        use crate::record::{Model, ModelSet, Reachability, Record, Role};
+        use std::sync::Arc;
+        let record = |n: u64, state: Lifecycle, models: &[&str]| {
+            let mut r = Record::new(NodeId::from_u64(n), 1, Role::Serving, Hardware::CPU, Reachability::OutboundOnly);
+            r.state = state;
+            r.models = ModelSet::from_models(models.iter().map(|m| Model::named(*m)).collect());
+            Arc::new(r)
+        };
+        let gateway = NodeId::from_u64(0);
+        let mut replica = Replica::new((*record(0, Lifecycle::Serve, &["spun"])).clone(), Time::ZERO);
+        replica.merge(Time::ZERO, record(1, Lifecycle::Serve, &["spun", "fixed"]));
+        replica.merge(Time::ZERO, record(2, Lifecycle::Serve, &["spun"]));
+        replica.merge(Time::ZERO, record(3, Lifecycle::Join, &["spun"]));
+        replica.merge(Time::ZERO, record(4, Lifecycle::Serve, &["fixed"]));
+        replica.set_alive(&NodeId::from_u64(2), false);
+        let mut view = SpinView::default();
+        view.add_replicas(&replica, gateway, |m| m == "spun", |id| if *id == NodeId::from_u64(1) { 3 } else { 0 });
+        let mut got: Vec<(u64, &str, Lifecycle, u32)> = view
+            .replicas
+            .iter()
+            .map(|r| {
+                let n = (1..5).find(|&n| NodeId::from_u64(n) == r.node).expect("a known node");
+                (n, r.model.as_str(), r.lifecycle, r.in_flight)
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (1, "spun", Lifecycle::Serve, 3),
+                // Not heard from: no supply, whatever its record says.
+                (2, "spun", Lifecycle::Down, 0),
+                (3, "spun", Lifecycle::Join, 0),
+            ]
+        );
+    }
 
     const MIN: Duration = Duration::from_secs(60);
     const HOUR: Duration = Duration::from_secs(3600);

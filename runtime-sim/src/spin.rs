@@ -34,7 +34,7 @@ use std::time::Duration;
 use tela_core::cold_start::{ColdStartQueue, Enqueued};
 use tela_core::placement::{place, KvHeadroom, ModelSpec, NodeShape, Variant};
 use tela_core::spin::{
-    Demand, GpuHourBudget, JobId, JobStatus, ModelPolicy, ReplicaStatus, SpinCommand, SpinConfig, SpinView, Spinner,
+    Demand, GpuHourBudget, JobId, JobStatus, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner,
 };
 use tela_core::{FabricId, Hardware, Lifecycle, Model, Time};
 
@@ -479,25 +479,14 @@ impl Sim {
             shape.free_nodes = shape.free_nodes.saturating_sub(*used);
         }
         if let Some(node) = gw.and_then(|g| self.hosts[g as usize].node.as_ref()) {
-            for slot in node.replica().slots() {
-                let r = slot.record();
-                if !slot.is_alive() || r.state == Lifecycle::Left {
-                    continue;
-                }
-                for model in r.models.as_slice() {
-                    if spin.model_index(&model.name).is_none() {
-                        continue;
-                    }
-                    let h = host_of(&r.id);
-                    let in_flight = (0..self.sc.federation.gateways).map(|g| self.hosts[g as usize].load_of(h)).sum();
-                    view.replicas.push(ReplicaStatus {
-                        node: r.id,
-                        model: model.name.clone(),
-                        lifecycle: r.state,
-                        in_flight,
-                    });
-                }
-            }
+            // As the gateway's spinner sees them: one rule, in the core.
+            let gateways = self.sc.federation.gateways;
+            view.add_replicas(
+                node.replica(),
+                node.local_record().id,
+                |m| spin.model_index(m).is_some(),
+                |id| (0..gateways).map(|g| self.hosts[g as usize].load_of(host_of(id))).sum(),
+            );
         }
         view
     }

@@ -41,8 +41,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 use tela_batch::{BatchJobId, BatchState, BatchSystem, JobSignal};
 use tela_core::placement::Placement;
-use tela_core::spin::{Blocked, JobStatus, ReplicaStatus, SpinConfigError};
-use tela_core::{Demand, JobId, Lifecycle, NodeId, SpinCommand, SpinView, Spinner};
+use tela_core::spin::{Blocked, JobStatus, SpinConfigError};
+use tela_core::{Demand, JobId, NodeId, SpinCommand, SpinView, Spinner};
 use tela_runtime::status::{hex, RegistrySnapshot};
 use tela_runtime::RuntimeView;
 use tokio::sync::{watch, Notify};
@@ -509,22 +509,7 @@ impl SpinTask {
                 view.demand.insert(m.name().to_string(), demand);
             }
         }
-        for slot in snapshot.replica().slots() {
-            let r = slot.record();
-            if r.id == me {
-                continue;
-            }
-            // A node this gateway no longer hears from is no supply, whatever its record says.
-            let lifecycle = if !slot.is_alive() && r.state < Lifecycle::Down { Lifecycle::Down } else { r.state };
-            for model in r.models.as_slice().iter().filter(|m| self.spin.is_spinnable(&m.name)) {
-                view.replicas.push(ReplicaStatus {
-                    node: r.id,
-                    model: model.name.clone(),
-                    lifecycle,
-                    in_flight: self.parts.load.get(&r.id),
-                });
-            }
-        }
+        view.add_replicas(snapshot.replica(), me, |m| self.spin.is_spinnable(m), |id| self.parts.load.get(id));
         for (id, j) in &self.jobs {
             view.jobs.push(match j.state {
                 None | Some(BatchState::Pending) => JobStatus::queued(*id),
