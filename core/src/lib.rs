@@ -78,6 +78,7 @@ pub mod peers;
 pub mod placement;
 pub mod record;
 pub mod replica;
+pub mod retry;
 pub mod routing;
 pub mod spend;
 pub mod spin;

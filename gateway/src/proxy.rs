@@ -10,7 +10,8 @@
 //! that head has arrived nothing has reached the client, so any failure — the stream cannot be
 //! opened, the connection breaks, the node answers `503` because it is draining or `502`
 //! because its engine is unreachable — moves on at once to another node not yet tried, up to
-//! [`ProxySettings::max_attempts`]. Once a head arrives, the response is the client's: its
+//! [`ProxySettings::max_attempts`] (the policy is the core's [`tela_core::retry`], which the
+//! simulator follows too). Once a head arrives, the response is the client's: its
 //! body streams through [`TunnelBody`], which turns a later break into an SSE error event.
 //!
 //! The response body is read for the engine's usage on its way ([`crate::body::UsageTap`]),
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{Response, StatusCode};
+use tela_core::retry::{Attempts, Next, Outcome};
 use tela_core::{NodeId, Prefix, RouteError};
 use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
 use tela_transports::{Connection, RecvStream};
@@ -149,10 +151,10 @@ pub async fn forward(shared: &Shared, request: ApiRequest) -> Response<GatewayBo
 /// Forwards `request`, or gives it back when no node could take it (for the caller to send
 /// elsewhere, [`crate::overflow`]).
 pub async fn try_forward(shared: &Shared, mut request: ApiRequest) -> Result<Response<GatewayBody>, Box<Unrouted>> {
-    let mut tried: Vec<NodeId> = Vec::new();
+    let mut attempts = Attempts::new(shared.proxy.max_attempts);
     let mut failures: Vec<String> = Vec::new();
     let view = shared.anchor_view();
-    while tried.len() < shared.proxy.max_attempts {
+    while attempts.left() {
         let snapshot = view.snapshot();
         let routing_started = Instant::now();
         let choice = crate::routing::choose(
@@ -162,17 +164,17 @@ pub async fn try_forward(shared: &Shared, mut request: ApiRequest) -> Result<Res
             &shared.silent,
             shared.routing,
             request.target(),
-            &tried,
+            attempts.tried(),
         );
         shared.metrics.routing.observe(routing_started.elapsed().as_secs_f64());
         let choice = match choice {
             Ok(c) => c,
-            Err(RouteError::UnknownModel { known, .. }) if tried.is_empty() => {
+            Err(RouteError::UnknownModel { known, .. }) if attempts.tried().is_empty() => {
                 let error = ApiError::unknown_model(&request.model, &known);
                 return Err(Box::new(Unrouted { request, error, unknown_model: true }));
             }
             Err(RouteError::UnknownModel { .. }) | Err(RouteError::NoCapacity { .. }) => {
-                let message = if tried.is_empty() {
+                let message = if attempts.tried().is_empty() {
                     format!(
                         "no node can take a request for model '{}' right now: every node serving it is busy \
                          draining or not connected to this gateway; retry shortly",
@@ -189,12 +191,11 @@ pub async fn try_forward(shared: &Shared, mut request: ApiRequest) -> Result<Res
                 return Err(Box::new(Unrouted { request, error, unknown_model: false }));
             }
         };
-        tried.push(choice.node);
+        attempts.begin(choice.node);
         let guard = shared.load.enter(choice.node);
-        match attempt(shared, &choice, &request, &tried).await {
+        match attempt(shared, &choice, &request, &attempts).await {
             Ok(Attempt { head, recv, written_at }) => {
-                let retryable = matches!(head.status, 502 | 503);
-                if retryable && tried.len() < shared.proxy.max_attempts {
+                if attempts.after(Outcome::Answered(head.status)) == Next::Retry {
                     let detail = error_message(recv).await;
                     let reason = if head.status == 503 { "node_unavailable" } else { "engine_unavailable" };
                     tracing::info!(node = %choice.node, "node {} answered {}: {detail}; retrying on another node", choice.node, head.status);
@@ -222,7 +223,7 @@ pub async fn try_forward(shared: &Shared, mut request: ApiRequest) -> Result<Res
     let message = format!(
         "no node could take the request for model '{}' after {} attempts ({}); retry shortly",
         request.model,
-        tried.len(),
+        attempts.tried().len(),
         failures.join("; ")
     );
     Err(Box::new(Unrouted { request, error: ApiError::no_capacity(message), unknown_model: false }))
@@ -234,7 +235,12 @@ struct Attempt {
     written_at: Instant,
 }
 
-async fn attempt(shared: &Shared, choice: &Choice, request: &ApiRequest, tried: &[NodeId]) -> Result<Attempt, Failure> {
+async fn attempt(
+    shared: &Shared,
+    choice: &Choice,
+    request: &ApiRequest,
+    attempts: &Attempts,
+) -> Result<Attempt, Failure> {
     let conn = &choice.connection;
     let write_timeout = shared.proxy.write_timeout;
     let write = async {
@@ -272,10 +278,10 @@ async fn attempt(shared: &Shared, choice: &Choice, request: &ApiRequest, tried: 
                 &shared.silent,
                 shared.routing,
                 request.target(),
-                tried,
+                attempts.tried(),
             )
             .is_ok();
-            if elsewhere && tried.len() < shared.proxy.max_attempts {
+            if elsewhere && attempts.left() {
                 watch_late_acceptance(shared.silent.clone(), choice.node, conn.clone(), recv);
                 return Err(Failure {
                     reason: "unresponsive",

@@ -9,6 +9,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
+use tela_core::retry::{Attempts, Next, Outcome};
 use tela_core::{
     route, Command, Config, Event, Hardware, Input, Lifecycle, Load, Model, Node, Reachability, Record, Role,
     RouteError, SharedRecord,
@@ -476,8 +477,8 @@ impl Sim {
         spin_model: Option<u16>,
         arrived: Micros,
     ) -> Routed {
-        let mut tried: Vec<tela_core::NodeId> = Vec::new();
-        for _ in 0..self.sc.workload.max_attempts {
+        let mut attempts = Attempts::new(self.sc.workload.max_attempts as usize);
+        while attempts.left() {
             let gw = &self.hosts[g as usize];
             let Some(gw_node) = gw.node.as_ref() else {
                 break;
@@ -486,14 +487,14 @@ impl Sim {
             let picked = route(
                 replica,
                 model,
-                |id| gw.links.contains(&host_of(&id)) && !tried.contains(&id),
+                |id| gw.links.contains(&host_of(&id)) && attempts.untried(&id),
                 |id| gw.load_of(host_of(&id)),
                 &mut self.work_rng,
             );
             let id = match picked {
                 Ok(id) => id,
                 Err(RouteError::UnknownModel { .. } | RouteError::NoCapacity { .. }) => {
-                    if spin_model.is_some() && tried.is_empty() {
+                    if spin_model.is_some() && attempts.tried().is_empty() {
                         // Nothing serves the model yet: the request may wait for a replica.
                         return Routed::NoReplica;
                     }
@@ -509,11 +510,25 @@ impl Sim {
             let n = host_of(&id);
             let target = &self.hosts[n as usize];
             let target_job = target.job;
-            if !target.running() || target.state != Lifecycle::Serve {
-                // Dead (the tunnel fails before the first byte) or draining (503): retry elsewhere.
-                self.t.retries += 1;
-                tried.push(id);
-                continue;
+            attempts.begin(id);
+            // Dead (the tunnel fails before the first byte) or draining (503): the gateway's
+            // policy decides, as in the proxy.
+            let outcome = if !target.running() {
+                Some(Outcome::Failed)
+            } else if target.state != Lifecycle::Serve {
+                Some(Outcome::Answered(503))
+            } else {
+                None
+            };
+            if let Some(outcome) = outcome {
+                match attempts.after(outcome) {
+                    Next::Retry => {
+                        self.t.retries += 1;
+                        continue;
+                    }
+                    // The client gets the last node's failure or its 503.
+                    Next::GiveUp | Next::Respond => return Routed::Exhausted,
+                }
             }
             let w = self.sc.workload.clone();
             let tokens =
