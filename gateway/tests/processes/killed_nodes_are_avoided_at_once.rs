@@ -84,12 +84,19 @@ async fn a_node_that_vanishes_over_quic_is_passed_over_within_a_second() {
             ..Options::default()
         })
         .await;
-        let victim = fed.nodes[0].id.to_string();
-        fed.nodes[0].kill();
+        // The victim is the node these requests go to while the gateway is idle (routing is
+        // deterministic for the same request and the same loads), so at least the first request
+        // after the kill is sent to it, whatever the node ids and however fast the others end.
+        let probe = post(&fed.base(), "/v1/chat/completions", chat(MODEL, false, 2)).await;
+        assert_eq!(probe.status, 200, "{}", probe.text());
+        let preferred = probe.header("x-tela-node").expect("the serving node is named");
+        let at = fed.nodes.iter().position(|n| n.id.to_string() == preferred).expect("a node of the federation");
+        let victim = fed.nodes[at].id.to_string();
+        fed.nodes[at].kill();
         let killed_at = Instant::now();
 
-        // Nothing tells the gateway; concurrent requests land on both nodes. Each one sent to
-        // the dead node is not accepted, and moves to the live one after the accept timeout.
+        // Nothing tells the gateway; concurrent requests land on the dead node first. Each one
+        // sent to it is not accepted, and moves to the live one after the accept timeout.
         let burst = (0..6).map(|_| {
             let base = fed.base();
             tokio::spawn(async move { post(&base, "/v1/chat/completions", chat(MODEL, false, 2)).await })
