@@ -86,53 +86,43 @@
 //!
 //! Every message a node receives goes through one dispatch, `Node::on_message`.
 //!
+//! # Layout
+//!
+//! This file holds the settings, the membership's state in a node and how the registry and
+//! the connections feed the failure detector; the rest adds to [`Node`] in submodules:
+//! `dispatch` (every message received, by kind), `detector` (the detector's actions into
+//! datagrams and its events into registry changes), `suspicion` (queued suspicions, stale ones
+//! answered, nodes held DOWN told so), `fetch` (records announced and fetched) and `gossip`
+//! (the gossip round and the membership's timers).
+//!
 //! [`RECONNECT_INTERVAL`]: crate::anti_entropy::RECONNECT_INTERVAL
 //! [`Replica::set_alive`]: crate::replica::Replica::set_alive
 //! [`Message::Gossip`]: crate::wire::Message::Gossip
+//! [`Message::Fetch`]: crate::wire::Message::Fetch
+//! [`Piggyback::Have`]: crate::wire::Piggyback::Have
 
-use crate::answers::{Answer, Answers};
-use crate::broadcast::{BroadcastQueue, RecordUpdate, Update};
+use crate::answers::Answers;
+use crate::broadcast::{BroadcastQueue, RecordUpdate};
 use crate::id::NodeId;
 use crate::node::Node;
-use crate::record::{Lifecycle, Reachability, Record, SharedRecord, Version};
-use crate::swim::{Action, Event as SwimEvent, Rumor, Swim, SwimConfig};
+use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
+use crate::swim::{Rumor, Swim, SwimConfig};
 use crate::time::Time;
 use crate::timer::Timer;
-use crate::wire::{Builder, Message, Piggyback, ProbeBuilder};
 use bytes::Bytes;
 use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
 use std::collections::BTreeSet;
 
-/// Running suspicions repeated on each ping, besides the queue's items: a node that missed a
-/// refutation learns of it from the next peer it probes (which answers the stale suspicion).
-const SUSPICIONS_PER_PING: usize = 2;
-/// How often a node tells the members it suspects, directly, that it does; most suspects told at
-/// once. The epidemic may miss a suspect (outbound-only members hear only from their anchors), and
-/// a suspect that does not hear of its suspicion cannot refute it.
-const NOTICE_INTERVAL: Duration = Duration::from_secs(1);
-const MAX_NOTICES: usize = 4;
-/// How long a fetch waits for its answer before the record is asked of the next announcer: a
-/// few round trips. The announcements of one record all come within a few hundred
-/// milliseconds, so a lost fetch or answer is retried on this timer, not on the next
-/// announcement.
-const FETCH_RETRY: Duration = Duration::from_millis(250);
-/// Announcers remembered per record being fetched, besides the one asked.
-const FALLBACK_ANNOUNCERS: usize = 2;
-/// Most records fetched at once; announcements beyond it wait for anti-entropy.
-const MAX_FETCHING: usize = 1024;
-/// Most datagrams that answer one [`Message::Fetch`]: a fetch names what one datagram of
-/// announcements held, and its answer must not be a large multiple of its size.
-const MAX_FETCH_ANSWERS: usize = 2;
+mod detector;
+mod dispatch;
+mod fetch;
+mod gossip;
+mod suspicion;
 
-/// The failure detector's input a probe message carries.
-enum Probe {
-    Ping(u32),
-    PingReq(NodeId, u32),
-    Ack(u32),
-    Nack(u32),
-}
+use fetch::Fetching;
+use suspicion::QueuedSuspicion;
 
 /// How the membership protocol runs ([`crate::Config::membership`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,9 +138,10 @@ pub struct MembershipSettings {
     /// and anti-entropy repairs what the epidemic misses).
     pub retransmit_mult: u32,
     /// Times a record is pushed whole before it is only announced by version
-    /// ([`Piggyback::Have`]); a receiver that lacks an announced record fetches it from the
-    /// announcer ([`Message::Fetch`]). Of a record's `lambda · ceil(log10(n + 1))` sends, the
-    /// first few reach most nodes for the first time and the rest mostly nodes that hold it.
+    /// ([`Piggyback::Have`](crate::wire::Piggyback::Have)); a receiver that lacks an announced
+    /// record fetches it from the announcer ([`Message::Fetch`](crate::wire::Message::Fetch)).
+    /// Of a record's `lambda · ceil(log10(n + 1))` sends, the first few reach most nodes for the
+    /// first time and the rest mostly nodes that hold it.
     pub eager_sends: u32,
     /// Datagrams of answers (refutations, DOWN notices, fetched records, news for a pull, a
     /// suspect told of its suspicion) a node sends per gossip round; answers beyond wait for the
@@ -192,49 +183,6 @@ impl Default for MembershipSettings {
     }
 }
 
-/// A suspicion queued for piggybacking. Encoded when sent, not kept encoded: while a partition
-/// runs every node queues one for each member cut off, and the encoding would double the item.
-#[derive(Clone, Debug)]
-pub(crate) struct QueuedSuspicion {
-    id: NodeId,
-    generation: u64,
-    heartbeat: u64,
-    from: NodeId,
-    encoded_len: u8,
-}
-
-impl QueuedSuspicion {
-    fn new(id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> QueuedSuspicion {
-        let mut q = QueuedSuspicion { id, generation, heartbeat, from, encoded_len: 0 };
-        // At most 53 bytes: a tag, two ids and two varints.
-        let len = postcard::experimental::serialized_size(&q.piggyback()).unwrap_or(usize::MAX);
-        q.encoded_len = u8::try_from(len).unwrap_or(u8::MAX);
-        q
-    }
-
-    fn piggyback(&self) -> Piggyback {
-        Piggyback::Suspect { id: self.id, generation: self.generation, heartbeat: self.heartbeat, from: self.from }
-    }
-}
-
-impl Update for QueuedSuspicion {
-    fn key(&self) -> NodeId {
-        self.id
-    }
-
-    /// A later generation or heartbeat covers an earlier one; at the same version only the same
-    /// suspecter does: suspicions from different suspecters replace each other, which is what
-    /// carries Lifeguard's independent confirmations.
-    fn covers(&self, other: &Self) -> bool {
-        (self.generation, self.heartbeat) > (other.generation, other.heartbeat)
-            || ((self.generation, self.heartbeat) == (other.generation, other.heartbeat) && self.from == other.from)
-    }
-
-    fn encoded_len(&self, _sends: u32) -> usize {
-        usize::from(self.encoded_len)
-    }
-}
-
 /// The membership protocol's state in a node: the failure detector, the piggyback queues,
 /// suspicions running here, and records being fetched.
 #[derive(Clone, Debug)]
@@ -257,17 +205,6 @@ pub(crate) struct Membership {
     /// intervals), whether or not its timer is armed: a round with nothing to do is skipped,
     /// and the timer is re-armed at the next grid point once there is work again.
     next_round: Time,
-}
-
-/// A record asked for after an announcement, until it arrives or no announcer is left to ask.
-#[derive(Clone, Debug)]
-struct Fetching {
-    /// The latest version announced.
-    version: Version,
-    /// When it was last asked for.
-    asked: Time,
-    /// Other nodes that announced it, asked in turn if no answer comes within [`FETCH_RETRY`].
-    fallbacks: [Option<NodeId>; FALLBACK_ANNOUNCERS],
 }
 
 impl Membership {
@@ -299,17 +236,6 @@ impl Membership {
         }
     }
 
-    /// Whether a gossip round would do anything: send queued updates, pull (an outbound-only
-    /// node), notify suspects, retry fetches, or pay owed answers and renew a spent budget.
-    /// A round that would do nothing is skipped, so an idle node sets no gossip wake.
-    fn round_has_work(&self, outbound_only: bool) -> bool {
-        outbound_only
-            || self.records.len() + self.suspicions.len() > 0
-            || !self.suspects.is_empty()
-            || !self.fetching.is_empty()
-            || self.answers.round_has_work()
-    }
-
     /// Updates waiting to be piggybacked, records and suspicions.
     pub(crate) fn queued(&self) -> (usize, usize) {
         (self.records.len(), self.suspicions.len())
@@ -323,7 +249,7 @@ impl Membership {
 
 /// The time between anti-entropy exchanges of a node reachable as `reach`: shorter when it is
 /// outbound-only.
-fn repair_interval(reach: &Reachability, settings: &MembershipSettings) -> Duration {
+pub(super) fn repair_interval(reach: &Reachability, settings: &MembershipSettings) -> Duration {
     if *reach == Reachability::OutboundOnly {
         settings.outbound_anti_entropy_interval.min(settings.anti_entropy_interval)
     } else {
@@ -358,7 +284,7 @@ impl Node {
         st.records.push(RecordUpdate::with_encoding(record, encoded, st.settings.eager_sends));
     }
 
-    /// `record` encoded as a [`Piggyback::Record`], shared with every node that holds the same
+    /// `record` encoded as a [`Piggyback::Record`](crate::wire::Piggyback::Record), shared with every node that holds the same
     /// record where the interner pools them.
     pub(crate) fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Bytes> {
         let encode = |record: &Record| {
@@ -426,482 +352,15 @@ impl Node {
             }
         }
     }
-
-    /// Every message a peer sends, by kind: the one place a datagram's meaning is decided.
-    pub(crate) fn on_message(&mut self, from: NodeId, msg: Message) {
-        let now = self.now;
-        let (probe, piggyback) = match msg {
-            Message::Ping { seq, piggyback } => (Some(Probe::Ping(seq)), piggyback),
-            Message::PingReq { target, seq, piggyback } => (Some(Probe::PingReq(target, seq)), piggyback),
-            Message::Ack { seq, piggyback } => (Some(Probe::Ack(seq)), piggyback),
-            Message::Nack { seq, piggyback } => (Some(Probe::Nack(seq)), piggyback),
-            Message::Gossip(piggyback) => (None, piggyback),
-            Message::Records(records) => {
-                self.heard(from);
-                // Many records at once are a bulk transfer (a join, a long separation): news to
-                // this replica, old news to the federation, so they are not gossiped on.
-                let spread = records.len() <= crate::anti_entropy::BULK_RECORDS;
-                for r in records {
-                    self.absorb_news(r, spread);
-                }
-                return;
-            }
-            Message::Want(ids) => {
-                self.heard(from);
-                // A want comes from an anti-entropy exchange, which asks for whole buckets.
-                let records: Vec<SharedRecord> =
-                    ids.iter().filter_map(|id| self.replica.get(id).map(|s| s.record().clone())).collect();
-                self.send_records_up_to(from, &records, crate::anti_entropy::MAX_EXCHANGE_DATAGRAMS);
-                return;
-            }
-            Message::Buckets { count, first, hashes } => {
-                self.heard(from);
-                return self.on_buckets(from, count, first, &hashes);
-            }
-            Message::BucketEntries { count, complete, entries } => {
-                self.heard(from);
-                return self.on_bucket_entries(from, count, &complete, &entries);
-            }
-            Message::Fetch(ids) => {
-                self.heard(from);
-                return self.on_fetch(from, &ids);
-            }
-        };
-        if probe.is_none() {
-            self.heard_from(from);
-        }
-        self.tell_if_down(from);
-        let mut corrections: Vec<SharedRecord> = Vec::new();
-        let mut announced: Vec<(NodeId, Version)> = Vec::new();
-        for item in piggyback {
-            match item {
-                Piggyback::Record(r) => self.absorb(r),
-                Piggyback::Suspect { id, generation, heartbeat, from: suspecter } => {
-                    if let Some(newer) = self.on_suspicion(id, generation, heartbeat, suspecter) {
-                        corrections.push(newer);
-                    }
-                }
-                Piggyback::Have { id, version } => announced.push((id, version)),
-            }
-        }
-        if !corrections.is_empty() && self.answer(from, Answer::Records(&corrections)) {
-            self.stats.corrections_sent += 1;
-        }
-        self.fetch_announced(from, &announced);
-        if probe.is_none() && self.replica.get(&from).is_some_and(|s| s.record().reach == Reachability::OutboundOnly) {
-            // Gossip from a node only its anchors can send to is also its pull: answer with news.
-            if self.answer(from, Answer::News) {
-                self.stats.news_answers += 1;
-            }
-        }
-        let detector = &mut self.membership.detector;
-        match probe {
-            Some(Probe::Ping(seq)) => detector.on_ping(now, from, seq),
-            Some(Probe::PingReq(target, seq)) => detector.on_ping_req(now, from, target, seq),
-            Some(Probe::Ack(seq)) => detector.on_ack(now, from, seq),
-            Some(Probe::Nack(seq)) => detector.on_nack(now, from, seq),
-            None => {}
-        }
-    }
-
-    /// A message that is not a probe came from `from`: it renews a lease, and tells a node held
-    /// DOWN that it is.
-    fn heard(&mut self, from: NodeId) {
-        self.heard_from(from);
-        self.tell_if_down(from);
-    }
-
-    /// A message from `from` that the detector's probe inputs do not see (they renew on their
-    /// own): renews the lease an anchor holds on an outbound-only member.
-    fn heard_from(&mut self, from: NodeId) {
-        let now = self.now;
-        self.membership.detector.heard_from(now, from);
-    }
-
-    /// A piggybacked suspicion of `id` at `(generation, heartbeat)` raised by `from`. Returns the
-    /// record that answers it when the suspicion is stale here (we hold, or are, a later version):
-    /// the sender has missed a refutation, and telling it directly is cheaper than letting its
-    /// suspicion run out.
-    fn on_suspicion(&mut self, id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> Option<SharedRecord> {
-        if id == self.config.id {
-            let own = self.replica.local().clone();
-            if own.state == Lifecycle::Left {
-                return None;
-            }
-            // A suspicion of a generation above ours names a record nobody can hold unless
-            // we signed it (an earlier process of ours): that record, if it exists, makes us
-            // refute when it arrives. Suspicions are not signed, so this one is only answered.
-            if generation == own.generation && heartbeat >= own.heartbeat {
-                // Alive at a higher incarnation: the record at the new heartbeat refutes it.
-                self.stats.suspicions_refuted += 1;
-                self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
-                self.membership.detector.note_refuted();
-            }
-            return Some(self.replica.local().clone());
-        }
-        let held = self.replica.get(&id).map(|s| s.record().clone())?;
-        if (held.generation, held.heartbeat) > (generation, heartbeat) {
-            return Some(held);
-        }
-        let now = self.now;
-        let st = &mut self.membership;
-        if held.generation != generation {
-            return None; // a generation we do not hold yet: its record will tell more
-        }
-        if st.detector.on_suspect_gossip(now, id, heartbeat, from) == Rumor::Spread {
-            st.suspicions.push(QueuedSuspicion::new(id, generation, heartbeat, from));
-        }
-        None
-    }
-
-    /// `from` sent us something while we hold it DOWN in its current generation: if it does not
-    /// know (it was confirmed failed while cut off), its DOWN record makes it refute at once.
-    /// Draining nodes know, so each node is told at most once per [`NOTICE_INTERVAL`].
-    fn tell_if_down(&mut self, from: NodeId) {
-        // The set of DOWN ids is small (usually empty): no registry lookup per message.
-        if !self.replica.down_ids().contains(&from) {
-            return;
-        }
-        let Some(record) = self.replica.get(&from).map(|s| s.record().clone()) else { return };
-        let now = self.now;
-        let st = &mut self.membership;
-        if st.told_down.iter().any(|(id, at)| *id == from && now < *at + NOTICE_INTERVAL) {
-            return;
-        }
-        st.told_down.retain(|(id, at)| *id != from && now < *at + NOTICE_INTERVAL);
-        st.told_down.push((from, now));
-        if self.answer(from, Answer::Records(&[record])) {
-            self.stats.down_notices += 1;
-        }
-    }
-
-    /// Asks `from` for the records it announced that this replica lacks (after the datagram's
-    /// own records were merged), in one [`Message::Fetch`]. A record already asked for is not
-    /// asked again; `from` becomes a fallback, asked by [`Node::retry_fetches`] if no answer
-    /// comes. The announcer has just sent this datagram, so it can be answered even when it is
-    /// outbound-only or not yet known here, as a pull is.
-    fn fetch_announced(&mut self, from: NodeId, announced: &[(NodeId, Version)]) {
-        if announced.is_empty() {
-            return;
-        }
-        let (now, limit) = (self.now, self.config.max_datagram);
-        let st = &mut self.membership;
-        let mut b = Builder::fetch(limit);
-        for (id, version) in announced {
-            if !self.replica.lacks(id, version) {
-                continue;
-            }
-            if let Some(f) = st.fetching.get_mut(id) {
-                if !f.version.covers(version) {
-                    f.version = *version;
-                }
-                if !f.fallbacks.contains(&Some(from)) {
-                    if let Some(free) = f.fallbacks.iter_mut().find(|a| a.is_none()) {
-                        *free = Some(from);
-                    }
-                }
-                continue;
-            }
-            if st.fetching.len() >= MAX_FETCHING || !b.push(id) {
-                break;
-            }
-            let fallbacks = [None; FALLBACK_ANNOUNCERS];
-            st.fetching.insert(*id, Fetching { version: *version, asked: now, fallbacks });
-        }
-        if !b.is_empty() {
-            self.stats.records_fetched += b.len() as u64;
-            self.transmit(from, b.finish());
-        }
-    }
-
-    /// Asks the next announcer for each record whose fetch went unanswered for
-    /// [`FETCH_RETRY`], and forgets those that arrived or have nobody left to ask (anti-entropy
-    /// repairs what is still missing then). Called every gossip round.
-    fn retry_fetches(&mut self) {
-        let now = self.now;
-        let st = &mut self.membership;
-        if st.fetching.is_empty() {
-            return;
-        }
-        let mut asks: Vec<(NodeId, NodeId)> = Vec::new();
-        st.fetching.retain(|id, f| {
-            if now < f.asked + FETCH_RETRY {
-                return true;
-            }
-            if !self.replica.lacks(id, &f.version) {
-                return false;
-            }
-            let Some(next) = f.fallbacks.iter_mut().find_map(Option::take) else { return false };
-            f.asked = now;
-            asks.push((next, *id));
-            true
-        });
-        // Sent in id order, not the table's.
-        asks.sort_unstable();
-        let limit = self.config.max_datagram;
-        for group in asks.chunk_by(|a, b| a.0 == b.0) {
-            let mut b = Builder::fetch(limit);
-            for (_, id) in group {
-                if b.push(id) {
-                    self.stats.records_fetched += 1;
-                }
-            }
-            self.transmit(group[0].0, b.finish());
-        }
-    }
-
-    /// A [`Message::Fetch`]: answers `from` with the records it asked for that this replica
-    /// holds, as gossip (merged and spread on like any piggybacked news), in at most
-    /// [`MAX_FETCH_ANSWERS`] datagrams, paid from the answers budget ([`crate::answers`]).
-    pub(crate) fn on_fetch(&mut self, from: NodeId, ids: &[NodeId]) {
-        let limit = self.config.max_datagram;
-        let mut groups: Vec<Vec<SharedRecord>> = vec![Vec::new()];
-        let mut b = ProbeBuilder::gossip(limit);
-        for id in ids {
-            let Some(record) = self.replica.get(id).map(|s| s.record().clone()) else { continue };
-            let Some(encoded) = self.piggyback_encoding(&record) else { continue };
-            if !b.push_encoded(&encoded) {
-                if groups.len() == MAX_FETCH_ANSWERS {
-                    break;
-                }
-                groups.push(Vec::new());
-                b = ProbeBuilder::gossip(limit);
-                b.push_encoded(&encoded);
-            }
-            groups.last_mut().expect("one group at least").push(record);
-        }
-        for group in groups.iter().filter(|g| !g.is_empty()) {
-            if self.answer(from, Answer::Records(group)) {
-                self.stats.fetch_answers += 1;
-            }
-        }
-    }
-
-    /// The membership's share of [`Node::handle_timeouts`]: returns false for timers it does not
-    /// own.
-    pub(crate) fn membership_timer(&mut self, timer: Timer) -> bool {
-        let st = &mut self.membership;
-        let now = self.now;
-        match timer {
-            Timer::Probe => st.detector.on_timeout(now),
-            Timer::Gossip => {
-                let interval = st.settings.gossip_interval;
-                let fanout = st.settings.gossip_fanout;
-                let notice = (now >= st.next_notice && !st.suspects.is_empty())
-                    .then(|| st.suspects.iter().take(MAX_NOTICES).copied().collect::<Vec<_>>());
-                if notice.is_some() {
-                    st.next_notice = now + NOTICE_INTERVAL;
-                }
-                self.answer_round();
-                let st = &mut self.membership;
-                if st.records.len() + st.suspicions.len() > 0 {
-                    for peer in self.pick_peers(fanout) {
-                        let b = ProbeBuilder::gossip(self.config.max_datagram);
-                        if self.send_probe(peer, b, None, true) {
-                            self.stats.gossip_rounds_sent += 1;
-                        }
-                    }
-                } else if self.config.reach == Reachability::OutboundOnly {
-                    // Nobody can gossip to us but our anchors: pull from as many peers as we
-                    // would push to instead.
-                    for peer in self.pick_peers(fanout) {
-                        self.transmit(peer, ProbeBuilder::gossip(self.config.max_datagram).finish());
-                        self.stats.gossip_rounds_sent += 1;
-                    }
-                }
-                for id in notice.unwrap_or_default() {
-                    if self.answer(id, Answer::Suspicion) {
-                        self.stats.suspicion_notices += 1;
-                    }
-                }
-                self.retry_fetches();
-                let st = &mut self.membership;
-                st.next_round = self.now + interval;
-                if st.round_has_work(self.config.reach == Reachability::OutboundOnly) {
-                    self.timers.set(Timer::Gossip, st.next_round);
-                } else {
-                    self.timers.stop(Timer::Gossip);
-                }
-            }
-            Timer::AntiEntropy => {
-                let (interval, ttl) = (repair_interval(&self.config.reach, &st.settings), st.settings.tombstone_ttl);
-                self.sync_round(interval, ttl);
-            }
-            _ => return false,
-        }
-        true
-    }
-
-    /// Re-arms a sleeping gossip round at the next point of the round grid after now once it has work
-    /// again, so that skipping idle rounds moves no round that has work. Called after every
-    /// input.
-    fn wake_gossip(&mut self) {
-        if self.timers.get(Timer::Gossip).is_some() {
-            return;
-        }
-        let st = &self.membership;
-        if !st.round_has_work(self.config.reach == Reachability::OutboundOnly) {
-            return;
-        }
-        let step = u64::try_from(st.settings.gossip_interval.as_micros()).unwrap_or(u64::MAX).max(1);
-        // The first grid point strictly after now: a round due at this very instant was skipped
-        // as idle, and a wake at `now` would be a timer that has already passed.
-        let behind = (self.now.as_micros() + 1).saturating_sub(st.next_round.as_micros());
-        let at = Time(st.next_round.as_micros().saturating_add(behind.div_ceil(step).saturating_mul(step)));
-        self.membership.next_round = at;
-        self.timers.set(Timer::Gossip, at);
-    }
-
-    /// Turns the detector's actions into datagrams and queued updates and its events into
-    /// registry changes, then re-arms its timer; then wakes a sleeping gossip round if it has
-    /// work. Called after every input.
-    pub(crate) fn drive_detector(&mut self) {
-        if self.exited {
-            return;
-        }
-        self.drive_detector_actions();
-        self.wake_gossip();
-    }
-
-    fn drive_detector_actions(&mut self) {
-        let me = self.config.id;
-        let limit = self.config.max_datagram;
-        loop {
-            let st = &mut self.membership;
-            if let Some(action) = st.detector.poll_action() {
-                match action {
-                    // Probes are never empty, so always sent.
-                    Action::SendPing { to, seq } => {
-                        self.send_probe(to, ProbeBuilder::ping(limit, seq), Some(to), false);
-                    }
-                    Action::SendPingReq { via, target, seq } => {
-                        self.send_probe(via, ProbeBuilder::ping_req(limit, target, seq), None, false);
-                    }
-                    Action::SendAck { to, seq } => {
-                        self.send_probe(to, ProbeBuilder::ack(limit, seq), None, false);
-                    }
-                    Action::SendNack { to, seq } => {
-                        self.send_probe(to, ProbeBuilder::nack(limit, seq), None, false);
-                    }
-                    Action::GossipSuspect { id, incarnation } => {
-                        let generation = self.replica.get(&id).map(|s| s.record().generation);
-                        if let Some(generation) = generation {
-                            self.membership.suspicions.push(QueuedSuspicion::new(id, generation, incarnation, me));
-                        }
-                    }
-                    // The node handles suspicions of itself in `on_suspicion`; the detector only
-                    // raises this if it was told about one.
-                    Action::GossipAlive { incarnation } => {
-                        self.update_local(|r| r.heartbeat = r.heartbeat.max(incarnation));
-                    }
-                }
-                continue;
-            }
-            if let Some(event) = st.detector.poll_event() {
-                match event {
-                    SwimEvent::Confirm(id) => {
-                        st.suspects.remove(&id);
-                        self.confirm_down(id);
-                    }
-                    SwimEvent::Suspect(id) => {
-                        st.suspects.insert(id);
-                        self.stats.suspicions_raised += 1;
-                        if self.answer(id, Answer::Suspicion) {
-                            self.stats.suspicion_notices += 1;
-                        }
-                        // A suspect gets no new requests while the suspicion runs: a request
-                        // sent to a node that has died would only fail over later.
-                        if let Some(flip) = self.replica.set_alive(&id, false) {
-                            self.emit_routable(id, flip);
-                        }
-                    }
-                    SwimEvent::Alive(id) => {
-                        st.suspects.remove(&id);
-                        if let Some(flip) = self.replica.set_alive(&id, true) {
-                            self.emit_routable(id, flip);
-                        }
-                    }
-                }
-                continue;
-            }
-            let next = st.detector.next_deadline();
-            if next == Time::NEVER {
-                self.timers.stop(Timer::Probe);
-            } else {
-                self.timers.set(Timer::Probe, next);
-            }
-            return;
-        }
-    }
-
-    /// The detector confirmed `id` failed: mark its record DOWN in the same generation.
-    fn confirm_down(&mut self, id: NodeId) {
-        let Some(record) = self.replica.get(&id).map(|s| s.record().clone()) else { return };
-        if record.state >= Lifecycle::Down {
-            return;
-        }
-        self.stats.confirmed_down += 1;
-        // The detector has no member for the local node, so never confirms it.
-        debug_assert_ne!(id, self.config.id, "the detector confirmed the local node");
-        let down = record.with_down_mark(self.config.identity.mark_down(&record));
-        // A mark this node has just signed, on the version its replica holds, is news by
-        // construction and needs no check. Checking it cost a signature verification per
-        // confirmation, and a partition makes confirmations by the hundred thousand.
-        let shared = self.config.interner.record(down);
-        self.merge_news(shared, Some(record.generation), true);
-    }
-
-    /// Sends one SWIM datagram: the header in `b`, then (for a ping to a suspect) the suspicion
-    /// of the target, then suspicions and records from the queues. A gossip datagram with
-    /// nothing in it is not sent. Returns whether a datagram was sent.
-    pub(crate) fn send_probe(
-        &mut self,
-        to: NodeId,
-        mut b: ProbeBuilder,
-        buddy: Option<NodeId>,
-        skip_empty: bool,
-    ) -> bool {
-        let n = self.replica.len();
-        let st = &mut self.membership;
-        if let Some(target) = buddy {
-            // Lifeguard's buddy system: the suspect hears of the suspicion at once. Other running
-            // suspicions ride along too, so that a peer that holds the refutation answers it.
-            let others = st.suspects.iter().filter(|s| **s != target).take(SUSPICIONS_PER_PING);
-            let ids: Vec<NodeId> = st.suspects.get(&target).into_iter().chain(others).copied().collect();
-            for id in ids {
-                let generation = self.replica.get(&id).map(|s| s.record().generation);
-                let heartbeat = st.detector.member_incarnation(&id);
-                if let (Some(generation), Some(heartbeat)) = (generation, heartbeat) {
-                    b.push(&Piggyback::Suspect { id, generation, heartbeat, from: self.config.id });
-                }
-            }
-        }
-        st.suspicions.fill(b.budget(), n, |s, _| {
-            b.push(&s.piggyback());
-        });
-        st.records.fill(b.budget(), n, |r, sends| {
-            if r.is_eager(sends) {
-                b.push_encoded(r.encoded());
-            } else {
-                b.push(&r.announcement());
-            }
-        });
-        if skip_empty && b.is_empty() {
-            return false;
-        }
-        self.transmit(to, b.finish());
-        true
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::fetch::{FETCH_RETRY, MAX_FETCH_ANSWERS};
     use super::*;
+    use crate::answers::Answers;
     use crate::node::{Config, Output};
-
-    fn suspicion(heartbeat: u64, from: u64) -> QueuedSuspicion {
-        QueuedSuspicion::new(NodeId::from_u64(7), 3, heartbeat, NodeId::from_u64(from))
-    }
+    use crate::wire::{Message, Piggyback, ProbeBuilder};
 
     #[test]
     fn a_lone_node_neither_beats_nor_sends_and_queues_its_record() {
@@ -1191,24 +650,5 @@ mod tests {
             .filter(|(to, m)| *to == NodeId::from_u64(9) && matches!(m, Message::Gossip(_)))
             .count();
         assert_eq!(answers, MAX_FETCH_ANSWERS);
-    }
-
-    #[test]
-    fn suspicions_are_superseded_by_later_versions_and_replaced_by_other_suspecters() {
-        assert!(suspicion(5, 1).covers(&suspicion(4, 2)));
-        assert!(suspicion(5, 1).covers(&suspicion(5, 1)));
-        assert!(!suspicion(5, 1).covers(&suspicion(5, 2)), "another suspecter is a confirmation");
-        assert!(!suspicion(4, 1).covers(&suspicion(5, 1)));
-        let s = suspicion(5, 1);
-        let expected =
-            Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) };
-        assert_eq!(s.piggyback(), expected);
-        assert_eq!(
-            s.encoded_len(0),
-            crate::wire::encode_piggyback(&expected).len(),
-            "the budget counts the sent bytes"
-        );
-        let big = QueuedSuspicion::new(NodeId([0xff; 16]), u64::MAX, u64::MAX, NodeId([0xff; 16]));
-        assert_eq!(big.encoded_len(0), 53, "the longest suspicion fits its length byte");
     }
 }

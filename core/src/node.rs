@@ -1,16 +1,15 @@
-//! The node state machine facade: every runtime drives the protocol through [`Node`].
+//! The node state machine facade: every runtime drives the protocol through [`Node`]. This file
+//! holds the node, its inputs and outputs and its counters; `config` holds [`Config`] and
+//! [`ConfigError`], and `merge` how records from peers are checked and merged.
 
 use crate::anti_entropy::AntiEntropy;
-use crate::auth::{self, Forgery, Identity, Verifier};
-use crate::hardware::Hardware;
 use crate::heap::HeapBytes;
 use crate::id::NodeId;
-use crate::intern::Interner;
 use crate::lifecycle::Local;
-use crate::membership::{Membership, MembershipSettings};
-use crate::record::{Lifecycle, Load, Model, Reachability, Record, Role, SharedRecord};
+use crate::membership::Membership;
+use crate::record::{Lifecycle, Load, Model, Record, SharedRecord};
 use crate::replica::Replica;
-use crate::swim::{Swim, SwimConfigError};
+use crate::swim::Swim;
 use crate::time::Time;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::{self, DecodeError, MAX_DATAGRAM};
@@ -20,137 +19,10 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 use std::collections::VecDeque;
 
-/// How a node is set up. Build with [`Config::with_identity`] (production) or [`Config::new`]
-/// (tests and simulations) and adjust fields.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
-    /// This node's identity; must be `identity.id()`.
-    pub id: NodeId,
-    /// The key this node signs its record and its DOWN marks with ([`crate::auth`]).
-    pub identity: Identity,
-    /// How records and marks from peers are checked.
-    pub verifier: Verifier,
-    /// Where merged records are kept: each its own (the default), or shared between the
-    /// replicas of a simulation ([`crate::intern`]).
-    pub interner: Interner,
-    /// The generation to start in; every new process of the same node must start higher than
-    /// the last (runtimes use the wall-clock milliseconds at start). Should the federation still
-    /// hold a record from an earlier process that this one does not supersede, the node moves
-    /// to a generation above it by itself.
-    pub generation: u64,
-    /// What the node does.
-    pub role: Role,
-    /// GPUs it offers.
-    pub hardware: Hardware,
-    /// How peers reach it.
-    pub reach: Reachability,
-    /// Seed of the node's random choices (gossip peers, jitter).
-    pub rng_seed: u64,
-    /// How long before the walltime draining starts, and the longest a drain may take.
-    pub drain_window: Duration,
-    /// How long a node that has LEFT keeps spreading that news before asking to exit.
-    pub leave_linger: Duration,
-    /// Largest datagram to send, at most [`MAX_DATAGRAM`].
-    pub max_datagram: usize,
-    /// How the membership protocol runs: failure detection, gossip, anti-entropy, tombstones
-    /// ([`crate::membership`]).
-    pub membership: MembershipSettings,
-}
+mod config;
+mod merge;
 
-impl Config {
-    /// Defaults for a serving, outbound-only CPU node (1 s probe periods, gossip every 200 ms to
-    /// 3 peers while there is news, 15-minute drain window; [`MembershipSettings::default`])
-    /// that signs with `identity`, whose key owns its id, and checks peers strictly. What
-    /// production runtimes use.
-    pub fn with_identity(identity: Identity, generation: u64) -> Config {
-        let mut c = Config::new(identity.id(), generation);
-        c.identity = identity;
-        c.verifier = Verifier::strict();
-        c
-    }
-
-    /// The same defaults for a node with a *test identity* ([`Identity::for_test`]): a key anyone
-    /// can compute from `id`, and a verifier that accepts such keys for [`NodeId::from_u64`] ids
-    /// (and checks every other id strictly). For tests and simulations.
-    pub fn new(id: NodeId, generation: u64) -> Config {
-        Config {
-            id,
-            identity: Identity::for_test(id),
-            verifier: Verifier::with_test_identities(),
-            interner: Interner::default(),
-            generation,
-            role: Role::Serving,
-            hardware: Hardware::CPU,
-            reach: Reachability::OutboundOnly,
-            rng_seed: id.short(),
-            drain_window: Duration::from_secs(15 * 60),
-            leave_linger: Duration::from_secs(1),
-            max_datagram: MAX_DATAGRAM,
-            membership: MembershipSettings::default(),
-        }
-    }
-
-    /// Checks the settings that would make the node misbehave.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(256..=MAX_DATAGRAM).contains(&self.max_datagram) {
-            return Err(ConfigError::MaxDatagram(self.max_datagram));
-        }
-        let m = &self.membership;
-        m.detector.validate()?;
-        let positive = [
-            ("gossip_interval", m.gossip_interval),
-            ("anti_entropy_interval", m.anti_entropy_interval),
-            ("outbound_anti_entropy_interval", m.outbound_anti_entropy_interval),
-        ];
-        if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
-            return Err(ConfigError::ZeroInterval(name));
-        }
-        if m.tombstone_ttl < m.anti_entropy_interval * 4 {
-            return Err(ConfigError::TombstoneTtl { ttl: m.tombstone_ttl, interval: m.anti_entropy_interval });
-        }
-        if m.gossip_fanout == 0 {
-            return Err(ConfigError::ZeroFanout);
-        }
-        if m.eager_sends == 0 {
-            return Err(ConfigError::ZeroEagerSends);
-        }
-        if m.answers_per_round == Some(0) {
-            return Err(ConfigError::ZeroAnswers);
-        }
-        Ok(())
-    }
-}
-
-/// A configuration the node cannot run with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// An interval of zero would spin.
-    #[error("{0} must be greater than zero")]
-    ZeroInterval(&'static str),
-    /// Datagram limit out of range.
-    #[error("max_datagram {0} out of range 256..={MAX_DATAGRAM}")]
-    MaxDatagram(usize),
-    /// Nobody to gossip with.
-    #[error("gossip_fanout must be at least 1")]
-    ZeroFanout,
-    /// Records would only ever be announced, never pushed.
-    #[error("eager_sends must be at least 1")]
-    ZeroEagerSends,
-    /// Answers would never be sent.
-    #[error("answers_per_round must be at least 1")]
-    ZeroAnswers,
-    /// Tombstones would be deleted before anti-entropy could spread them.
-    #[error("tombstone_ttl ({ttl:?}) must be at least four anti_entropy_intervals ({interval:?}), and far longer than any partition expected to heal")]
-    TombstoneTtl {
-        /// The configured tombstone lifetime.
-        ttl: Duration,
-        /// The configured anti-entropy interval.
-        interval: Duration,
-    },
-    /// The failure detector's settings cannot work.
-    #[error("failure detector: {0}")]
-    Swim(#[from] SwimConfigError),
-}
+pub use config::{Config, ConfigError};
 
 /// Something that happened outside the state machine, fed with [`Node::handle_input`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -556,81 +428,6 @@ impl Node {
         }
     }
 
-    /// Merges a record from a peer; echoes of our own record that we do not hold are refuted.
-    ///
-    /// Only records that would change something are checked ([`crate::auth::check`]), and a
-    /// forged one is counted and dropped without touching the replica.
-    pub(crate) fn absorb(&mut self, record: Record) {
-        self.absorb_news(record, true);
-    }
-
-    /// [`Node::absorb`]; with `spread` false, news is merged but not gossiped on (the records
-    /// of a bulk transfer, old news to everyone but this replica).
-    pub(crate) fn absorb_news(&mut self, record: Record, spread: bool) {
-        if let Some(before) = self.news_in(&record) {
-            let shared = self.config.interner.record(record);
-            self.merge_news(shared, before, spread);
-        }
-    }
-
-    /// Whether `record` is authentic news for this replica: `Some` with the generation held
-    /// before (if any) when it is, `None` when it changes nothing or is forged. Echoes of our own
-    /// record that we do not hold are refuted here.
-    fn news_in(&mut self, record: &Record) -> Option<Option<u64>> {
-        if record.id == self.config.id {
-            let local = self.replica.local();
-            if !local.dominates(record) && self.authentic(record, local.same_owner_version(record)) {
-                self.refute(record.generation);
-            }
-            return None;
-        }
-        // One lookup: most records received are already held (the epidemic sends each many times).
-        let (owner_known, before) = match self.replica.get(&record.id).map(|s| s.record()) {
-            Some(k) if k.dominates(record) => return None,
-            Some(k) => (k.same_owner_version(record), Some(k.generation)),
-            None => (false, None),
-        };
-        self.authentic(record, owner_known).then_some(before)
-    }
-
-    /// Merges an authentic record that [`Node::news_in`] found to be news.
-    pub(crate) fn merge_news(&mut self, record: SharedRecord, before: Option<u64>, spread: bool) {
-        let id = record.id;
-        let merged = self.replica.merge(self.now, record);
-        if merged.changed {
-            self.stats.records_changed += 1;
-            self.record_changed(id, before, spread);
-        }
-        if merged.new_node {
-            self.outputs.push_back(Output::Event(Event::Discovered(id)));
-        }
-        if let Some(routable) = merged.routable {
-            self.emit_routable(id, routable);
-        }
-    }
-
-    /// Checks a record that would change the replica, counting a forgery. The owner's
-    /// signature is not checked again when the replica already holds exactly this owner's version
-    /// (`owner_known`: a record that only gained a DOWN mark).
-    fn authentic(&mut self, record: &Record, owner_known: bool) -> bool {
-        let verdict = if owner_known {
-            auth::check_marks(record, &self.config.verifier)
-        } else {
-            auth::check(record, &self.config.verifier)
-        };
-        match verdict {
-            Ok(()) => true,
-            Err(Forgery::Owner) => {
-                self.stats.records_forged += 1;
-                false
-            }
-            Err(Forgery::State | Forgery::Mark) => {
-                self.stats.marks_forged += 1;
-                false
-            }
-        }
-    }
-
     /// Seals a new version of the local record with this node's key.
     pub(crate) fn seal(&self, record: &mut Record) {
         self.config.identity.seal(record);
@@ -671,25 +468,5 @@ mod tests {
         is_send::<Node>();
         assert!(core::mem::size_of::<Output>() <= 64, "Output is {} bytes", core::mem::size_of::<Output>());
         assert!(core::mem::size_of::<Input>() <= 64, "Input is {} bytes", core::mem::size_of::<Input>());
-    }
-
-    #[test]
-    fn config_validation_names_the_problem() {
-        let mut c = Config::new(NodeId::from_u64(1), 1);
-        assert_eq!(c.validate(), Ok(()));
-        c.membership.gossip_interval = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("gossip_interval")));
-        c = Config::new(NodeId::from_u64(1), 1);
-        c.membership.outbound_anti_entropy_interval = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::ZeroInterval("outbound_anti_entropy_interval")));
-        c = Config::new(NodeId::from_u64(1), 1);
-        c.membership.eager_sends = 0;
-        assert_eq!(c.validate(), Err(ConfigError::ZeroEagerSends));
-        c = Config::new(NodeId::from_u64(1), 1);
-        c.membership.detector.probe_timeout = c.membership.detector.protocol_period;
-        assert!(c.validate().unwrap_err().to_string().contains("probe_timeout"));
-        c = Config::new(NodeId::from_u64(1), 1);
-        c.max_datagram = 5000;
-        assert!(c.validate().is_err());
     }
 }

@@ -78,6 +78,14 @@
 //!   routable again.
 //!
 //! Everything is a function of the [`SwimConfig`], the seed and the inputs with their times.
+//!
+//! # Layout
+//!
+//! This file holds the detector's state, its membership and its outputs; the protocol's parts
+//! live in submodules that each add to [`Swim`]: `probe` (the probe schedule, pings, ping-reqs
+//! and the relays served for others), `suspicion` (suspicions, their Lifeguard timeouts,
+//! refutation and confirmation), `vouching` (anchors vouching for outbound-only members, and
+//! their leases), `members` (the member table) and `config` ([`SwimConfig`]).
 
 use crate::id::NodeId;
 use crate::time::Time;
@@ -85,19 +93,19 @@ use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
 use members::Members;
+use probe::{Probe, Relay};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use suspicion::Suspicion;
 
 mod config;
 mod members;
+mod probe;
+mod suspicion;
+mod vouching;
 pub use config::{suspicion_timeout, SwimConfig, SwimConfigError};
-
-/// Ping-reqs served for others at once; more are ignored (bounds what a flood can make us hold).
-const MAX_RELAYS: usize = 64;
-/// Below this many members ping-req helpers are picked by a full scan, above by sampling.
-const SCAN_BELOW: usize = 64;
 
 /// A message the caller must send or an update it must spread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,36 +176,6 @@ pub enum Rumor {
     Drop,
 }
 
-/// A running suspicion. Its deadline is computed from the fields ([`Suspicion::deadline`]) and
-/// keys [`Swim::suspicions`], so the fields change only between taking the key out and putting
-/// it back.
-#[derive(Clone, Debug)]
-struct Suspicion {
-    started: Time,
-    min: Duration,
-    max: Duration,
-    expected: u32,
-    /// The first suspecter, then each independent confirmer (at most `expected` of them).
-    suspecters: Vec<NodeId>,
-    /// This node's own probe (or lease) of the member failed too.
-    witnessed: bool,
-}
-
-impl Suspicion {
-    /// When the suspicion runs out here. A witness waits Lifeguard's timeout, shortened by the
-    /// confirmations so far; a node that only heard the rumor waits the longest timeout, by
-    /// which the DOWN mark of a witness has normally reached it. Were every node to confirm at
-    /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
-    /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
-    fn deadline(&self) -> Time {
-        if !self.witnessed {
-            return self.started + self.max;
-        }
-        let confirmations = u32::try_from(self.suspecters.len() - 1).unwrap_or(u32::MAX);
-        self.started + suspicion_timeout(self.min, self.max, confirmations, self.expected)
-    }
-}
-
 /// A member's standing; a suspect's [`Suspicion`] is kept in [`Swim::suspected`], so that the
 /// entry every node holds for every member of a 10k registry stays 10 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,27 +203,6 @@ impl Member {
     fn set_incarnation(&mut self, incarnation: u64) {
         self.incarnation = incarnation.to_le_bytes();
     }
-}
-
-/// The probe of the current period.
-#[derive(Clone, Debug)]
-struct Probe {
-    target: NodeId,
-    seq: u32,
-    /// While the direct ping is outstanding: when to switch to indirect probing.
-    indirect_at: Option<Time>,
-    vias: Vec<NodeId>,
-    nacks: Vec<NodeId>,
-}
-
-/// A ping-req we serve for another prober.
-#[derive(Clone, Copy, Debug)]
-struct Relay {
-    seq: u32,
-    origin: NodeId,
-    origin_seq: u32,
-    target: NodeId,
-    nack_at: Time,
 }
 
 /// One node's SWIM + Lifeguard failure detector; see the [module docs](self).
@@ -385,148 +342,7 @@ impl Swim {
         }
     }
 
-    /// Marks `id` as vouched for by `voucher` (an anchor holding a connection to it; this node
-    /// itself when it is that anchor), or clears the mark with `None`. While vouched, suspicions
-    /// of it from anyone but the voucher are dropped, and one already running is lifted. The mark
-    /// ends when the voucher suspects it (gossip from the voucher, or [`Swim::suspect`] when the
-    /// voucher is this node) or when the voucher is removed.
-    ///
-    /// When the voucher is this node, it also holds a lease on the member: it pings the member
-    /// after a third of [`SwimConfig::vouch_lease`] in silence and suspects it after a whole
-    /// lease, so a member killed without closing its connection is found within the lease.
-    pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
-        if !self.members.contains_key(&id) {
-            return;
-        }
-        match voucher {
-            Some(v) => self.vouchers.insert(id, v),
-            None => self.vouchers.remove(&id),
-        };
-        if voucher == Some(self.local) {
-            // A lease already held runs on: being told again is no sign of life.
-            self.leases.entry(id).or_insert(self.now);
-            if self.next_lease_check == Time::NEVER {
-                self.next_lease_check = self.now + self.lease_step();
-            }
-        } else {
-            self.leases.remove(&id);
-        }
-        let Some(m) = self.members.get_mut(&id) else { return };
-        if voucher.is_some() && m.standing == Standing::Suspect {
-            m.standing = Standing::Alive;
-            self.lift_suspicion(id);
-            self.events.push_back(Event::Alive(id));
-        }
-    }
-
-    /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
-    /// member it vouched for): suspects it as a failed probe would, unless another node vouches
-    /// for it. Ends this node's lease on `id`.
-    pub fn suspect(&mut self, now: Time, id: NodeId) {
-        self.advance(now);
-        self.leases.remove(&id);
-        self.suspect_locally(id);
-    }
-
-    /// Something arrived from `id` (any message): renews this node's lease on it, if it holds
-    /// one. The probe inputs below count on their own.
-    pub fn heard_from(&mut self, now: Time, id: NodeId) {
-        self.advance(now);
-        if let Some(heard) = self.leases.get_mut(&id) {
-            *heard = (*heard).max(self.now);
-        }
-    }
-
-    // ----- inputs -----------------------------------------------------------------------------
-
-    /// A ping from `from`: answer it.
-    pub fn on_ping(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.heard_from(now, from);
-        self.actions.push_back(Action::SendAck { to: from, seq });
-    }
-
-    /// A ping-req from `from`: ping `target` on its behalf and forward the ack, or nack if none
-    /// comes within 80% of the probe timeout (so the nack reaches the prober within its period).
-    pub fn on_ping_req(&mut self, now: Time, from: NodeId, target: NodeId, seq: u32) {
-        self.heard_from(now, from);
-        if target == self.local {
-            self.actions.push_back(Action::SendAck { to: from, seq });
-            return;
-        }
-        if self.relays.len() >= MAX_RELAYS {
-            return;
-        }
-        let relay_seq = self.take_seq();
-        let nack_at = now + self.config.probe_timeout.saturating_mul(4) / 5;
-        self.relays.push(Relay { seq: relay_seq, origin: from, origin_seq: seq, target, nack_at });
-        self.actions.push_back(Action::SendPing { to: target, seq: relay_seq });
-    }
-
-    /// An ack from `from` for `seq`: the target of our probe answered (directly or through a
-    /// helper), or the target of a ping-req we serve answered and we forward it.
-    pub fn on_ack(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.heard_from(now, from);
-        if let Some(i) = self.relays.iter().position(|r| r.seq == seq && r.target == from) {
-            let r = self.relays.swap_remove(i);
-            self.actions.push_back(Action::SendAck { to: r.origin, seq: r.origin_seq });
-            return;
-        }
-        let answered =
-            self.probe.as_ref().is_some_and(|p| p.seq == seq && (p.target == from || p.vias.contains(&from)));
-        if answered {
-            self.probe = None;
-            self.health = self.health.saturating_sub(1);
-        }
-    }
-
-    /// A nack from helper `from` for our probe `seq`: the target did not answer it, but our
-    /// link to the helper works.
-    pub fn on_nack(&mut self, now: Time, from: NodeId, seq: u32) {
-        self.heard_from(now, from);
-        if let Some(p) = self.probe.as_mut() {
-            if p.seq == seq && p.vias.contains(&from) && !p.nacks.contains(&from) {
-                p.nacks.push(from);
-            }
-        }
-    }
-
-    /// A gossiped suspicion of `id` at `incarnation`, raised by `from`. About this node: it
-    /// refutes ([`Action::GossipAlive`]). About a member: starts a suspicion or counts `from` as
-    /// an independent confirmation, which shortens it.
-    pub fn on_suspect_gossip(&mut self, now: Time, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
-        self.advance(now);
-        if id == self.local {
-            if incarnation >= self.incarnation {
-                self.incarnation = incarnation.saturating_add(1);
-                self.worse_health(1);
-                self.actions.push_back(Action::GossipAlive { incarnation: self.incarnation });
-            }
-            return Rumor::Drop;
-        }
-        self.raise_suspicion(id, incarnation, from)
-    }
-
-    /// A gossiped announcement that `id` is alive at `incarnation`: refutes a suspicion of an
-    /// older incarnation.
-    pub fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
-        self.advance(now);
-        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if m.standing == Standing::Confirmed || incarnation <= m.incarnation() {
-            return Rumor::Drop;
-        }
-        m.set_incarnation(incarnation);
-        if m.standing == Standing::Suspect {
-            m.standing = Standing::Alive;
-            self.lift_suspicion(id);
-            self.events.push_back(Event::Alive(id));
-            // Refuted: an anchor that suspected its own member vouches for it again.
-            if let Some(heard) = self.leases.get_mut(&id) {
-                *heard = self.now;
-                self.vouchers.insert(id, self.local);
-            }
-        }
-        Rumor::Spread
-    }
+    // ----- time -------------------------------------------------------------------------------
 
     /// Handles every deadline due at `now`: suspicions that ran out, ping-reqs that got no ack,
     /// the switch to indirect probing, the next protocol period, and the leases.
@@ -555,17 +371,6 @@ impl Swim {
         // A probe that failed just now may have made this node a witness of a suspicion old
         // enough to have run out already: confirm it now rather than leave a past deadline.
         self.expire_suspicions();
-    }
-
-    /// Confirms every suspicion whose deadline has come.
-    fn expire_suspicions(&mut self) {
-        while let Some(&(at, id)) = self.suspicions.first() {
-            if at > self.now {
-                break;
-            }
-            self.suspicions.pop_first();
-            self.confirm(id);
-        }
     }
 
     // ----- outputs and state ------------------------------------------------------------------
@@ -658,244 +463,11 @@ impl Swim {
         let by = u8::try_from(by).unwrap_or(u8::MAX);
         self.health = self.health.saturating_add(by).min(self.config.max_health);
     }
-
-    /// Puts member number `n` at a random position of the probe order in `O(1)` by swaps, as
-    /// memberlist does: ahead of the cursor it is probed in this pass, behind it in the next.
-    /// The member it displaces stays on its side of the cursor, so nobody is probed twice in a
-    /// pass. (Shifting the order instead cost `O(n)` a join, `O(n²)` for a node joining a
-    /// federation of `n`.)
-    fn join_order(&mut self, n: u32) {
-        let at = self.rng.random_range(0..=self.order.len());
-        crate::reserve_one(&mut self.order);
-        self.order.push(n);
-        let last = self.order.len() - 1;
-        if at < self.cursor {
-            // The first unprobed member goes to the end, the displaced (probed) one takes its
-            // place, and the cursor moves past it.
-            self.order.swap(self.cursor, last);
-            self.order.swap(at, self.cursor);
-            self.cursor += 1;
-        } else {
-            self.order.swap(at, last);
-        }
-    }
-
-    /// Takes member number `n` out of the probe order by swaps, keeping every other member on
-    /// its side of the cursor. (Finding it is still a scan.)
-    fn leave_order(&mut self, n: u32) {
-        let Some(at) = self.order.iter().position(|&m| m == n) else { return };
-        if at < self.cursor {
-            // The last probed member takes its place; the last member fills the gap.
-            self.cursor -= 1;
-            self.order.swap(at, self.cursor);
-            self.order.swap_remove(self.cursor);
-        } else {
-            self.order.swap_remove(at);
-        }
-    }
-
-    /// How often the leases are checked: a sixth of the lease.
-    fn lease_step(&self) -> Duration {
-        (self.config.vouch_lease / 6).max(Duration::from_millis(1))
-    }
-
-    /// Pings every member this node anchors that has been silent for a third of the lease, and
-    /// suspects those silent for a whole lease (each once: a suspect is left to its suspicion).
-    fn check_leases(&mut self) {
-        let now = self.now;
-        if self.leases.is_empty() {
-            self.next_lease_check = Time::NEVER;
-            return;
-        }
-        self.next_lease_check = now + self.lease_step();
-        let (lease, quiet) = (self.config.vouch_lease, self.config.vouch_lease / 3);
-        let mut expired = Vec::new();
-        let mut ping = Vec::new();
-        for (&id, &heard) in &self.leases {
-            if !self.members.get(&id).is_some_and(|m| m.standing == Standing::Alive) {
-                continue;
-            }
-            let silent = now.saturating_since(heard);
-            if silent >= lease {
-                expired.push(id);
-            } else if silent >= quiet {
-                ping.push(id);
-            }
-        }
-        for to in ping {
-            let seq = self.take_seq();
-            self.actions.push_back(Action::SendPing { to, seq });
-        }
-        for id in expired {
-            self.suspect_locally(id);
-        }
-    }
-
-    /// Judges the last period's probe and starts the next one.
-    fn next_period(&mut self) {
-        if let Some(p) = self.probe.take() {
-            self.probe_failed(p);
-        }
-        let (period, timeout) = self.scaled_timing();
-        self.next_probe = self.now + period;
-        if self.cursor >= self.order.len() {
-            // A new pass: shuffle (Fisher-Yates) so that the order is unpredictable.
-            for i in (1..self.order.len()).rev() {
-                let j = self.rng.random_range(0..=i);
-                self.order.swap(i, j);
-            }
-            self.cursor = 0;
-            self.passes += 1;
-        }
-        let Some(&n) = self.order.get(self.cursor) else { return };
-        let target = self.members.id(n);
-        self.cursor += 1;
-        let seq = self.take_seq();
-        self.probe =
-            Some(Probe { target, seq, indirect_at: Some(self.now + timeout), vias: Vec::new(), nacks: Vec::new() });
-        self.actions.push_back(Action::SendPing { to: target, seq });
-    }
-
-    fn probe_indirectly(&mut self) {
-        let Some(p) = self.probe.as_ref() else { return };
-        let (target, seq) = (p.target, p.seq);
-        let vias = self.pick_helpers(target, self.config.indirect_probes);
-        for &via in &vias {
-            self.actions.push_back(Action::SendPingReq { via, target, seq });
-        }
-        if let Some(p) = self.probe.as_mut() {
-            p.indirect_at = None;
-            p.vias = vias;
-        }
-    }
-
-    /// Up to `k` distinct members, not `target`, probeable and not suspected.
-    fn pick_helpers(&mut self, target: NodeId, k: usize) -> Vec<NodeId> {
-        let members = &self.members;
-        let healthy = |n: u32| members.at(n).standing == Standing::Alive && members.id(n) != target;
-        let mut picked = Vec::with_capacity(k);
-        if self.order.len() < SCAN_BELOW {
-            let mut pool: Vec<u32> = self.order.iter().copied().filter(|&n| healthy(n)).collect();
-            while picked.len() < k && !pool.is_empty() {
-                let i = self.rng.random_range(0..pool.len());
-                picked.push(members.id(pool.swap_remove(i)));
-            }
-            return picked;
-        }
-        for _ in 0..k * 4 {
-            let n = self.order[self.rng.random_range(0..self.order.len())];
-            let id = members.id(n);
-            if healthy(n) && !picked.contains(&id) {
-                picked.push(id);
-                if picked.len() == k {
-                    break;
-                }
-            }
-        }
-        picked
-    }
-
-    fn probe_failed(&mut self, p: Probe) {
-        if self.leases.contains_key(&p.target) {
-            // Probed for the updates its pings carry, judged by the lease: one lost datagram
-            // is no failure while the lease's pings (several before it runs out) go on.
-            return;
-        }
-        // Lifeguard: with helpers, every nack we did not get is a sign that our own links or our
-        // own processing are slow; without helpers, only the failed probe itself counts.
-        let missed = if p.vias.is_empty() { 1 } else { p.vias.len().saturating_sub(p.nacks.len()) };
-        self.worse_health(missed);
-        self.suspect_locally(p.target);
-    }
-
-    fn suspect_locally(&mut self, id: NodeId) {
-        let Some(incarnation) = self.members.get(&id).map(Member::incarnation) else { return };
-        if self.raise_suspicion(id, incarnation, self.local) == Rumor::Spread {
-            self.actions.push_back(Action::GossipSuspect { id, incarnation });
-        }
-    }
-
-    fn raise_suspicion(&mut self, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
-        let now = self.now;
-        let n = self.cluster_size();
-        let (min, max) = self.config.suspicion_bounds(n);
-        // Lifeguard: expect K confirmations only where K other members could give them.
-        let k = self.config.suspicion_confirmations;
-        let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
-        let witness = from == self.local;
-        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
-        if incarnation < m.incarnation() {
-            return Rumor::Drop;
-        }
-        match self.vouchers.get(&id) {
-            // The voucher itself suspects it: it no longer vouches.
-            Some(&v) if v == from => {
-                self.vouchers.remove(&id);
-            }
-            Some(_) => return Rumor::Drop,
-            None => {}
-        }
-        m.set_incarnation(incarnation);
-        match m.standing {
-            Standing::Confirmed => Rumor::Drop,
-            Standing::Suspect => {
-                let Some(s) = self.suspected.get_mut(&id) else { return Rumor::Drop };
-                let news = !s.suspecters.contains(&from) && s.suspecters.len() <= s.expected as usize;
-                if !news && (!witness || s.witnessed) {
-                    return Rumor::Drop;
-                }
-                self.suspicions.remove(&(s.deadline(), id));
-                if news {
-                    s.suspecters.push(from);
-                }
-                s.witnessed |= witness;
-                self.suspicions.insert((s.deadline(), id));
-                if news {
-                    Rumor::Spread
-                } else {
-                    Rumor::Drop
-                }
-            }
-            Standing::Alive => {
-                m.standing = Standing::Suspect;
-                let suspicion =
-                    Suspicion { started: now, min, max, expected, suspecters: vec![from], witnessed: witness };
-                self.suspicions.insert((suspicion.deadline(), id));
-                self.suspected.insert(id, suspicion);
-                self.events.push_back(Event::Suspect(id));
-                Rumor::Spread
-            }
-        }
-    }
-
-    /// Drops the suspicion of `id`, if any, with its deadline.
-    fn lift_suspicion(&mut self, id: NodeId) {
-        if let Some(s) = self.suspected.remove(&id) {
-            self.suspicions.remove(&(s.deadline(), id));
-        }
-    }
-
-    fn confirm(&mut self, id: NodeId) {
-        let Some(n) = self.members.number(&id) else { return };
-        let m = self.members.at_mut(n);
-        if m.standing != Standing::Suspect {
-            return;
-        }
-        let was_probed = m.probeable;
-        m.standing = Standing::Confirmed;
-        self.suspected.remove(&id);
-        if was_probed {
-            self.leave_order(n);
-        }
-        if self.probe.as_ref().is_some_and(|p| p.target == id) {
-            self.probe = None;
-        }
-        self.events.push_back(Event::Confirm(id));
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::probe::MAX_RELAYS;
     use super::*;
     use proptest::prelude::*;
 
