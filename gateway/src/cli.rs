@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tela_runtime::identity::{load_identity, read_secret};
-use tela_transports::TransportMode;
+use tela_runtime::join::JoinArgs;
 
 use crate::auth::HashKeyArgs;
 use crate::config::LoadedConfig;
@@ -38,6 +38,12 @@ enum GatewaySubcommand {
 
 /// The flags of `tela gateway`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("join_secret", |a| a.help("The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file)")),
+    mut_arg("join", |a| a.help("Other gateways or anchors to keep a connection to (repeatable)")),
+    mut_arg("transport", |a| a.help("Transport for dials to other gateways").default_value("auto")),
+    mut_arg("identity", |a| a.help("Identity key file (created on first run) [default: <config dir>/tela/gateway.key]")),
+)]
 pub struct GatewayArgs {
     /// Read settings from this TOML file (see gateway/examples/gateway.toml): the flags below
     /// by their names with `_` (a flag or variable given explicitly wins), `[spin]`, the
@@ -68,25 +74,10 @@ pub struct GatewayArgs {
     #[arg(long, env = "TELA_PUBLIC_ADDR", value_name = "HOST:PORT")]
     pub public_addr: Option<String>,
 
-    /// The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file).
-    #[arg(long, env = "TELA_JOIN_SECRET", hide_env_values = true, value_name = "SECRET")]
-    pub join_secret: Option<String>,
-
-    /// Read the join secret from this file (first line).
-    #[arg(long, env = "TELA_JOIN_SECRET_FILE", value_name = "PATH")]
-    pub join_secret_file: Option<PathBuf>,
-
-    /// Other gateways or anchors to keep a connection to (repeatable).
-    #[arg(long, env = "TELA_JOIN", value_delimiter = ',', value_name = "HOST:PORT")]
-    pub join: Vec<String>,
-
-    /// Transport for dials to other gateways.
-    #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
-    pub transport: TransportMode,
-
-    /// Identity key file (created on first run) [default: <config dir>/tela/gateway.key].
-    #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
-    pub identity: Option<PathBuf>,
+    /// The federation, as every role joins it: --join-secret, --join-secret-file, --join,
+    /// --transport and --identity.
+    #[command(flatten)]
+    pub federation: JoinArgs,
 
     /// File of hashed API keys, one `sha256:<hex>` per line (make lines with `tela gateway
     /// hash-key`); reloaded when it changes.
@@ -307,18 +298,20 @@ impl GatewayArgs {
         let max_concurrent = pick(given("max_concurrent"), self.max_concurrent, file.max_concurrent);
         anyhow::ensure!(max_attempts >= 1, "--max-attempts must be at least 1");
         anyhow::ensure!(max_concurrent >= 1, "--max-concurrent must be at least 1");
-        let secret_file = opt("join_secret_file", &self.join_secret_file, &file.join_secret_file);
-        let join_secret = read_secret(self.join_secret.as_deref(), secret_file.as_deref())?;
-        let identity_path = opt("identity", &self.identity, &file.identity);
+        let federation = &self.federation;
+        let secret_file = opt("join_secret_file", &federation.join_secret_file, &file.join_secret_file);
+        let join_secret = read_secret(federation.join_secret.as_deref(), secret_file.as_deref())?;
+        let identity_path = opt("identity", &federation.identity, &file.identity);
         let identity = load_identity(identity_path.as_deref(), "gateway.key")?;
         let mut config = GatewayConfig::new(identity, join_secret);
         config.listen = pick(given("listen"), self.listen, file.listen);
         config.anchor_listen = pick(given("anchor_listen"), self.anchor_listen, file.anchor_listen);
         config.public_addr = pick(given("public_addr"), self.public_addr.clone(), file.public_addr.clone().map(Some));
-        config.join = pick(given("join"), self.join.clone(), file.join.clone());
+        config.join = pick(given("join"), federation.join.clone(), file.join.clone());
         config.transport = match (&file.transport, given("transport")) {
             (Some(t), false) => t.parse().map_err(|e| anyhow::anyhow!("transport in the configuration file: {e}"))?,
-            _ => self.transport,
+            // Always set: clap gives it the default `auto`.
+            _ => federation.transport.unwrap_or_default(),
         };
         let no_auth = pick(given("no_auth"), self.no_auth, file.no_auth);
         let api_keys = opt("api_keys", &self.api_keys, &file.api_keys);
@@ -426,7 +419,7 @@ impl GatewayArgs {
         if matches!(config.auth, AuthConfig::Open) && !config.listen.ip().is_loopback() {
             tracing::warn!("--no-auth on {}: anyone who can reach it may use the API", config.listen);
         }
-        let stop = crate::signal::shutdown_signal()?;
+        let stop = tela_runtime::signals::terminate()?;
         let gateway = Gateway::start(config).await?;
         {
             // Best effort: a supervisor that closed our stdout must not stop the gateway.
@@ -561,6 +554,18 @@ mod tests {
         )
         .expect("config");
         assert_eq!(config_of(&[]).expect("valid").ledger, None);
+    }
+
+    #[test]
+    fn the_shared_join_flags_keep_the_gateways_default_and_words() {
+        use clap::Parser as _;
+        let cli = GatewayCli::try_parse_from(["tela", "--no-auth"]).expect("parses");
+        let transport = cli.gateway.run.federation.transport;
+        assert_eq!(transport, Some(tela_transports::TransportMode::Auto), "clap fills in auto");
+        let help = GatewayCli::command().render_long_help().to_string();
+        for words in ["Transport for dials to other gateways", "[default: <config dir>/tela/gateway.key]"] {
+            assert!(help.contains(words), "{words} in {help}");
+        }
     }
 
     fn threads(args: &[&str]) -> anyhow::Result<usize> {

@@ -381,7 +381,7 @@ impl DemoArgs {
 
     /// Starts the federation, prints how to use it, and runs until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        let stop = crate::signal::shutdown_signal()?;
+        let stop = tela_runtime::signals::terminate()?;
         let mut stop = std::pin::pin!(stop);
         let mut dir = TempDir { path: directory(), keep: false };
         std::fs::create_dir_all(&dir.path).with_context(|| format!("cannot create {}", dir.path.display()))?;

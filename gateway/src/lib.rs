@@ -26,7 +26,6 @@
 //!   HTTP server that stands in for vLLM or llama.cpp in demos and tests. It generates
 //!   deterministic placeholder text from a fixed word list; it is not a model.
 //! - [`logging`] — the `tracing` subscriber every subcommand installs (`--log` or `RUST_LOG`).
-//! - [`signal`] — the Ctrl-C / SIGTERM future that stops a long-running subcommand gracefully.
 //!
 //! Start several simulated engines in one process and talk to them over loopback:
 //!
@@ -71,7 +70,6 @@ pub mod proxy;
 pub mod routing;
 pub mod server;
 pub mod service;
-pub mod signal;
 pub mod spin;
 pub mod status;
 pub mod usage;

@@ -8,6 +8,7 @@
 use crate::clock::generation_now;
 use crate::control::{ControlServer, ControlSocketError};
 use crate::identity::{load_identity, read_secret, SecretError};
+use crate::join::JoinArgs;
 use crate::runtime::{refuse_streams, Exit, Runtime, RuntimeConfig, StreamHandler};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -112,6 +113,11 @@ impl Anchor {
 /// Run an anchor: a public member of the federation with no engine, which outbound-only
 /// nodes dial (`tela node --join ADDR`). The gateway embeds one; this runs one on its own.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("join", |a| a.help("Other anchors or gateways to keep a connection to (repeatable)")),
+    mut_arg("transport", |a| a.help("Transport for dials to other anchors").default_value("auto")),
+    mut_arg("identity", |a| a.help("Identity key file (created on first run) [default: ~/.config/tela/anchor.key]")),
+)]
 pub struct AnchorArgs {
     /// Address to listen on, QUIC (UDP) and TCP on the same port.
     #[arg(long, env = "TELA_LISTEN", default_value = "0.0.0.0:7000", value_name = "HOST:PORT")]
@@ -122,26 +128,10 @@ pub struct AnchorArgs {
     #[arg(long, env = "TELA_ADVERTISE", value_name = "HOST:PORT")]
     pub advertise: Option<String>,
 
-    /// The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file: command
-    /// lines are visible to other users).
-    #[arg(long, env = "TELA_JOIN_SECRET", hide_env_values = true, value_name = "SECRET")]
-    pub join_secret: Option<String>,
-
-    /// Read the join secret from this file (first line).
-    #[arg(long, env = "TELA_JOIN_SECRET_FILE", value_name = "PATH")]
-    pub join_secret_file: Option<PathBuf>,
-
-    /// Other anchors or gateways to keep a connection to (repeatable).
-    #[arg(long, env = "TELA_JOIN", value_delimiter = ',', value_name = "HOST:PORT")]
-    pub join: Vec<String>,
-
-    /// Transport for dials to other anchors.
-    #[arg(long, env = "TELA_TRANSPORT", default_value = "auto", value_name = "auto|quic|tcp")]
-    pub transport: TransportMode,
-
-    /// Identity key file (created on first run) [default: ~/.config/tela/anchor.key].
-    #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
-    pub identity: Option<PathBuf>,
+    /// The federation, as every role joins it: --join-secret, --join-secret-file, --join,
+    /// --transport and --identity.
+    #[command(flatten)]
+    pub federation: JoinArgs,
 
     /// Local control socket for `tela status` [default: none].
     #[arg(long, env = "TELA_CONTROL", value_name = "PATH")]
@@ -171,15 +161,16 @@ pub enum AnchorRunError {
 impl AnchorArgs {
     /// Runs the anchor until Ctrl-C or SIGTERM.
     pub async fn run(self) -> Result<(), AnchorRunError> {
-        let join_secret = read_secret(self.join_secret.as_deref(), self.join_secret_file.as_deref())?;
-        let identity = load_identity(self.identity.as_deref(), "anchor.key")?;
+        let federation = self.federation;
+        let join_secret = read_secret(federation.join_secret.as_deref(), federation.join_secret_file.as_deref())?;
+        let identity = load_identity(federation.identity.as_deref(), "anchor.key")?;
         let mut anchor = Anchor::start(AnchorConfig {
             listen: self.listen,
             advertise: self.advertise,
             identity,
             join_secret,
-            join: self.join,
-            transport: self.transport,
+            join: federation.join,
+            transport: federation.transport.unwrap_or_default(),
             drain_window: Duration::from_secs(5),
         })
         .await?;

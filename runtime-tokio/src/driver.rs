@@ -20,46 +20,25 @@
 //! set is dropped, which aborts them all, and every connection is closed with a reason.
 
 use crate::backoff::Backoff;
-use crate::load_report::is_load_report;
-use crate::path::{DialError, DialPath};
-use crate::runtime::{Exit, IncomingStream, RuntimeConfig, RuntimeView, StreamHandler};
+use crate::runtime::{Exit, RuntimeConfig, RuntimeView, StreamHandler};
 use crate::status::RegistrySnapshot;
-use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tela_core::{Command, Event, Input, Lifecycle, Load, Node, NodeId, Output, Reachability, Role, Time, Transmit};
-use tela_transports::{Accepted, CloseReason, ConnectError, Connection, ConnectionError, Endpoint, TransportMode};
+use tela_transports::{Connection, Endpoint};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod connections;
+
+pub(crate) use connections::ToDriver;
+use connections::{accept_loop, keep_joined, serve_connection, PERMANENT_REFUSALS_BEFORE_GIVING_UP};
+
 /// How often the driver checks that it is connected to every gateway in the registry.
 const GATEWAY_DIAL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Refusals in a row, each for a reason retrying cannot fix (wrong join secret, another
-/// release), after which a join address is given up. More than one,
-/// so that a gateway restarting with its new settings half-applied does not end a node.
-pub(crate) const PERMANENT_REFUSALS_BEFORE_GIVING_UP: u32 = 3;
-
-/// What the driver's queue carries.
-pub(crate) enum ToDriver {
-    /// A connection was made (dialled or accepted) and admitted.
-    Connected(Connection),
-    /// A datagram arrived on a connection.
-    Datagram { from: NodeId, payload: Bytes },
-    /// A connection ended.
-    Closed { peer: NodeId, conn: u64, reason: Option<CloseReason> },
-    /// A background dial of a public peer failed.
-    DialFailed { peer: NodeId, error: String },
-    /// A `--join` address refused this node for good, and is no longer dialled.
-    JoinRefused { addr: String, error: String },
-    /// Local news for the core.
-    Local(Input),
-    /// Stop now.
-    Shutdown,
-}
 
 /// Dial state of one public peer reached on demand.
 struct PeerDial {
@@ -531,121 +510,5 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Reads one connection's datagrams into the driver (load reports into the runtime's table
-/// instead) and serves the streams the peer opens.
-async fn serve_connection(
-    conn: Connection,
-    id: u64,
-    tx: mpsc::Sender<ToDriver>,
-    streams: StreamHandler,
-    view: RuntimeView,
-) {
-    let peer = conn.peer_id();
-    let mut handlers = JoinSet::new();
-    let reason = loop {
-        tokio::select! {
-            datagram = conn.read_datagram() => match datagram {
-                Ok(payload) if is_load_report(&payload) => {
-                    // The runtime's own, not the core's: kept for routing, never gossiped.
-                    if let Err(e) = view.shared.load_reports.receive(peer, &payload, std::time::Instant::now()) {
-                        tracing::debug!(%peer, "dropped a load report from {peer}: {e}");
-                    }
-                }
-                Ok(payload) if crate::tagged::is_tagged(&payload) => view.shared.tagged.deliver(peer, &payload),
-                Ok(payload) => {
-                    // Waits when the driver is behind: backpressure reaches the transport,
-                    // which drops datagrams rather than queue them without bound.
-                    if tx.send(ToDriver::Datagram { from: peer, payload }).await.is_err() {
-                        return;
-                    }
-                }
-                Err(ConnectionError::Closed(r)) => break Some(r),
-            },
-            stream = conn.accept_stream() => match stream {
-                Ok((send, recv)) => {
-                    handlers.spawn((streams)(IncomingStream { peer, send, recv, view: view.clone() }));
-                }
-                Err(ConnectionError::Closed(r)) => break Some(r),
-            },
-            Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
-        }
-    };
-    let _ = tx.send(ToDriver::Closed { peer, conn: id, reason }).await;
-}
-
-/// Accepts connections on a listening endpoint; refusals are logged with the reason.
-async fn accept_loop(endpoint: Arc<Endpoint>, tx: mpsc::Sender<ToDriver>) {
-    while let Some(accepted) = endpoint.accept().await {
-        match accepted {
-            Accepted::Admitted(conn) => {
-                if tx.send(ToDriver::Connected(conn)).await.is_err() {
-                    return;
-                }
-            }
-            Accepted::Refused(refusal) => {
-                tracing::warn!(
-                    remote = %refusal.remote,
-                    reason = %refusal.reason,
-                    "{refusal} — the peer was told to {}",
-                    refusal.reason.hint()
-                );
-            }
-        }
-    }
-}
-
-/// Keeps a connection to one join address for as long as the driver runs: dial, hand the
-/// connection to the driver, wait for it to close, back off, redial.
-async fn keep_joined(
-    addr: String,
-    endpoint: Arc<Endpoint>,
-    path: DialPath,
-    mode: TransportMode,
-    mut backoff: Backoff,
-    tx: mpsc::Sender<ToDriver>,
-) {
-    let mut failures = 0u32;
-    let mut permanent = 0u32;
-    loop {
-        match path.dial(&endpoint, &addr, mode).await {
-            Ok(conn) => {
-                failures = 0;
-                permanent = 0;
-                backoff.reset();
-                if tx.send(ToDriver::Connected(conn.clone())).await.is_err() {
-                    return;
-                }
-                let reason = conn.closed().await;
-                tracing::warn!("connection to {addr} ended ({reason}); redialling {path}");
-            }
-            Err(e) => {
-                failures += 1;
-                let refused_for_good = matches!(&e, DialError::Connect(ce) if ce.is_permanent());
-                // Refusals in a row only: any other failure starts the count again.
-                permanent = if refused_for_good { permanent + 1 } else { 0 };
-                match &e {
-                    DialError::Connect(ce) if refused_for_good => {
-                        tracing::warn!(
-                            "cannot join via {addr} (refusal {permanent} of {PERMANENT_REFUSALS_BEFORE_GIVING_UP}): {ce}"
-                        );
-                        if permanent >= PERMANENT_REFUSALS_BEFORE_GIVING_UP {
-                            let _ = tx.send(ToDriver::JoinRefused { addr, error: ce.to_string() }).await;
-                            return;
-                        }
-                    }
-                    DialError::Connect(ce @ ConnectError::Refused { .. }) => {
-                        tracing::error!("cannot join via {addr}: {ce}");
-                    }
-                    _ if failures == 1 || failures.is_power_of_two() => {
-                        tracing::warn!("cannot join via {addr} (attempt {failures}): {e}");
-                    }
-                    _ => tracing::debug!("cannot join via {addr} (attempt {failures}): {e}"),
-                }
-            }
-        }
-        tokio::time::sleep(backoff.next_delay()).await;
     }
 }

@@ -11,6 +11,8 @@
 //!   ([`walltime`], signals, `tela drain` over the [`control`] socket).
 //! - [`anchor`] — a public member with no engine that outbound-only nodes dial; the gateway
 //!   embeds one, `tela anchor` runs one alone.
+//! - [`join`] — the flags with which every role joins the federation (`--join`, the join
+//!   secret, `--transport`, `--identity`), written once and flattened into each role's.
 //! - [`relay`] — `tela relay`, which forwards nodes' TCP+TLS tunnels to allowed gateways
 //!   without terminating them; nodes reach gateways directly, through it or through the login
 //!   host's `ssh` ([`ssh`]), as their [`path`] says.
@@ -127,6 +129,8 @@ pub mod forward;
 pub mod gpu;
 #[cfg(not(loom))]
 pub mod identity;
+#[cfg(not(loom))]
+pub mod join;
 #[cfg(not(loom))]
 pub mod load_report;
 #[cfg(not(loom))]

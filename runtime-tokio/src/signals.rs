@@ -1,10 +1,14 @@
-//! Process signals: what stops an anchor, and what drains a node.
+//! Process signals: what stops a long-running role (anchor, relay, gateway, engine simulator,
+//! demo), and what drains a node.
 
 use std::future::Future;
 use tokio::signal::unix::{signal, SignalKind};
 
-/// Resolves at the first Ctrl-C or SIGTERM. Installs the handlers before returning, so call
-/// it before announcing readiness.
+/// Installs the handlers now and returns a future that resolves at the first Ctrl-C or
+/// SIGTERM (what Slurm, Kubernetes and systemd send first). Call it before announcing
+/// readiness (e.g. printing the listening address): a supervisor may signal as soon as it sees
+/// that, and an uninstalled handler means the process dies at once instead of stopping
+/// gracefully. Needs a tokio runtime.
 pub fn terminate() -> std::io::Result<impl Future<Output = ()> + Send> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;

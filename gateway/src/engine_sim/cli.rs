@@ -104,7 +104,7 @@ impl EngineSimArgs {
     pub async fn run(self) -> Result<(), EngineSimError> {
         let engine = EngineSim::new(self.config())?;
         // Before the address is printed: whoever reads it may signal right away.
-        let shutdown = crate::signal::shutdown_signal()?;
+        let shutdown = tela_runtime::signals::terminate()?;
         let wanted = format!("{}:{}", self.host, self.port);
         let listener = tokio::net::TcpListener::bind((self.host.as_str(), self.port))
             .await

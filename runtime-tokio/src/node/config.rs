@@ -3,6 +3,7 @@
 
 use crate::control::default_control_path;
 use crate::identity::{read_secret, SecretError};
+use crate::join::JoinArgs;
 use crate::path::DialPath;
 use crate::ssh::SshVia;
 use serde::Deserialize;
@@ -72,22 +73,10 @@ pub struct NodeArgs {
     #[arg(long, env = "TELA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
 
-    /// A gateway or anchor to dial (host:port); repeat for several.
-    #[arg(long, env = "TELA_JOIN", value_delimiter = ',', value_name = "HOST:PORT")]
-    pub join: Vec<String>,
-
-    /// The federation's join secret (prefer TELA_JOIN_SECRET or --join-secret-file: command
-    /// lines are visible to other users).
-    #[arg(long, env = "TELA_JOIN_SECRET", hide_env_values = true, value_name = "SECRET")]
-    pub join_secret: Option<String>,
-
-    /// Read the join secret from this file (first line).
-    #[arg(long, env = "TELA_JOIN_SECRET_FILE", value_name = "PATH")]
-    pub join_secret_file: Option<PathBuf>,
-
-    /// Transport to the gateways: QUIC, TCP+TLS, or QUIC falling back to TCP [default: auto].
-    #[arg(long, env = "TELA_TRANSPORT", value_name = "auto|quic|tcp")]
-    pub transport: Option<String>,
+    /// The federation, as every role joins it: --join-secret, --join-secret-file, --join,
+    /// --transport and --identity.
+    #[command(flatten)]
+    pub federation: JoinArgs,
 
     /// Reach the gateways through this login host's ssh (`ssh -W gateway:port`), for compute
     /// nodes whose only way out is the login host; carries TCP+TLS.
@@ -103,10 +92,6 @@ pub struct NodeArgs {
     /// that answers carries each tunnel; carries TCP+TLS.
     #[arg(long, env = "TELA_RELAY", value_delimiter = ',', value_name = "HOST:PORT")]
     pub relay: Vec<String>,
-
-    /// Identity key file, created on first run [default: ~/.config/tela/identity.key].
-    #[arg(long, env = "TELA_IDENTITY", value_name = "PATH")]
-    pub identity: Option<PathBuf>,
 
     /// The engine's OpenAI-compatible base URL [default: http://127.0.0.1:8000].
     #[arg(long, env = "TELA_BACKEND_URL", value_name = "URL")]
@@ -310,8 +295,8 @@ impl NodeArgs {
     /// The identity key file from the flag, `TELA_IDENTITY` or the config file (`None`: the
     /// default location); needs no other setting.
     pub fn identity_path(&self) -> Result<Option<PathBuf>, NodeConfigError> {
-        if self.identity.is_some() {
-            return Ok(self.identity.clone());
+        if self.federation.identity.is_some() {
+            return Ok(self.federation.identity.clone());
         }
         match &self.config {
             Some(path) => Ok(read_file(path)?.identity),
@@ -336,7 +321,8 @@ impl NodeArgs {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
         };
-        let join = if self.join.is_empty() { file.join.unwrap_or_default() } else { self.join.clone() };
+        let federation = &self.federation;
+        let join = if federation.join.is_empty() { file.join.unwrap_or_default() } else { federation.join.clone() };
         let join: Vec<String> = join.into_iter().map(|j| j.trim().to_string()).filter(|j| !j.is_empty()).collect();
         if join.is_empty() {
             return Err(NodeConfigError::NoJoin);
@@ -344,14 +330,17 @@ impl NodeArgs {
         for j in &join {
             check_join(j)?;
         }
-        let (secret, secret_file) = match (&self.join_secret, &self.join_secret_file) {
+        let (secret, secret_file) = match (&federation.join_secret, &federation.join_secret_file) {
             (None, None) => (file.join_secret, file.join_secret_file),
             (s, f) => (s.clone(), f.clone()),
         };
         let join_secret = read_secret(secret.as_deref(), secret_file.as_deref())?;
-        let transport = pick(&self.transport, file.transport).unwrap_or_else(|| "auto".into());
-        let mut transport: TransportMode =
-            transport.parse().map_err(|_| NodeConfigError::BadTransport(transport.clone()))?;
+        // A bad --transport or TELA_TRANSPORT is refused when the flags are parsed.
+        let mut transport = match (federation.transport, file.transport) {
+            (Some(flag), _) => flag,
+            (None, Some(t)) => t.parse().map_err(|_| NodeConfigError::BadTransport(t.clone()))?,
+            (None, None) => TransportMode::Auto,
+        };
         let path = dial_path(
             pick(&self.via_ssh, file.via_ssh),
             pick(&self.ssh_command, file.ssh_command),
@@ -395,7 +384,7 @@ impl NodeArgs {
             join_secret,
             transport,
             path,
-            identity: pick(&self.identity, file.identity),
+            identity: pick(&federation.identity, file.identity),
             backend_url,
             engine_cmd,
             drain_window: duration("drain-window", &self.drain_window, file.drain_window, "15m")?,
@@ -612,8 +601,9 @@ transport = "tcp"
         assert!(e.contains("--drain-window 'soon'") && e.contains("15m"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--hardware-profile", "tpu"]);
         assert!(e.contains("gh200"), "{e}");
-        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--transport", "udp"]);
-        assert!(e.contains("auto, quic, tcp"), "{e}");
+        let flags = ["tela-node", "--join", "gw:7000", "--join-secret", "s", "--transport", "udp"];
+        let e = Cli::try_parse_from(flags).err().expect("refused when parsed").to_string();
+        assert!(e.contains("auto, quic or tcp"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--backend-url", "https://x:1"]);
         assert!(e.contains("http://"), "{e}");
         let e = err(&["--join", "gw:7000", "--join-secret", "s", "--walltime", "0s"]);
@@ -626,6 +616,9 @@ transport = "tcp"
         std::fs::write(&file, "joinn = [\"x:1\"]\n").expect("write");
         let e = err(&["--config", file.to_str().expect("utf-8")]);
         assert!(e.contains("joinn"), "the unknown key is named: {e}");
+        std::fs::write(&file, "transport = \"udp\"\n").expect("write");
+        let e = err(&["--join", "gw:7000", "--join-secret", "s", "--config", file.to_str().expect("utf-8")]);
+        assert!(e.contains("auto, quic, tcp"), "a bad transport in the file: {e}");
     }
 
     #[test]
