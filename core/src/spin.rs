@@ -85,8 +85,11 @@ use core::time::Duration;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+pub mod config;
+mod demand;
 mod policy;
 mod slurm_time;
+pub use demand::DemandMeter;
 pub use policy::{GpuHourBudget, ModelPolicy, SpinConfig, SpinConfigError};
 pub use slurm_time::parse_slurm_duration;
 

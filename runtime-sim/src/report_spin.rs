@@ -4,7 +4,7 @@
 //!
 //! - **Cold-start wait**: for a request that found no routable replica of its model and waited in
 //!   its gateway's cold-start queue, the time from its arrival until a replica took it. Requests
-//!   whose wait reached `spin.cold_start_timeout_s` are counted as `timed_out` (answered with an
+//!   whose wait reached `spin.cold_start.timeout` are counted as `timed_out` (answered with an
 //!   error that says the model is still starting), not in the percentiles.
 //! - **GPU-hours used**: for every spinner job, its GPUs × the time from its start (leaving the
 //!   batch queue) to its end (drained exit, preemption kill, walltime, cancellation) or the end of
@@ -58,7 +58,7 @@ pub struct SpinJobs {
     pub max_concurrent_jobs: u32,
     /// Most GPU-hours charged to the budget window at once, and the budget (0: none).
     pub max_budget_charged_gpu_hours: f64,
-    /// `spin.budget_gpu_hours`.
+    /// `spin.budget.gpu_hours` (0: no budget).
     pub budget_gpu_hours: u64,
 }
 
@@ -75,7 +75,7 @@ pub struct ColdStart {
     pub p99_ms: f64,
     /// Longest wait.
     pub max_ms: f64,
-    /// Answered with a timeout error after `cold_start_timeout_s`.
+    /// Answered with a timeout error after `spin.cold_start.timeout`.
     pub timed_out: u64,
     /// Refused at once because the queue was full.
     pub refused: u64,
@@ -164,11 +164,12 @@ impl SpinReport {
         let usage = spin.usage(sim.now);
         let (served, p50, p99, max) = spin.cold_waits();
         let models = spin
+            .plan
             .models
             .iter()
             .enumerate()
             .map(|(i, model)| SpinModelReport {
-                name: model.name.clone(),
+                name: model.name().to_string(),
                 placement: tela_core::place(&spin.policies[i].spec, &spin.shapes)
                     .map_or_else(|e| e.to_string(), |p| p.to_string()),
                 gpus_per_replica: spin.gpus_per_replica(i),
@@ -191,9 +192,9 @@ impl SpinReport {
                 queued_at_end: usage.queued_at_end,
                 min_replicas: usage.min_replicas,
                 max_live: m.max_live_jobs,
-                max_concurrent_jobs: sim.sc.spin.max_concurrent_jobs,
+                max_concurrent_jobs: spin.plan.limits.max_concurrent_jobs,
                 max_budget_charged_gpu_hours: m.max_budget_gpu_s as f64 / 3600.0,
-                budget_gpu_hours: sim.sc.spin.budget_gpu_hours,
+                budget_gpu_hours: spin.plan.limits.budget.map_or(0, |b| b.gpu_hours),
             },
             cold_start: ColdStart {
                 enqueued: m.cold_enqueued,
@@ -225,7 +226,7 @@ impl SpinReport {
                 .zip(&usage.partitions)
                 .map(|(p, (jobs, gpu_hours))| SpinPartitionReport {
                     name: p.name.clone(),
-                    hardware: p.hardware.clone(),
+                    hardware: p.hardware().map(|(profile, _)| profile).unwrap_or_default(),
                     jobs: *jobs,
                     gpu_hours: *gpu_hours,
                 })

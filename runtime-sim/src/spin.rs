@@ -4,7 +4,7 @@
 //! [`ColdStartQueue`], one per gateway and model), requests in flight, arrivals over the last
 //! minute and the p95 time to first byte — and lists the spinner's jobs (queued with a queue wait
 //! drawn from the partition's range, running once started, with the node the job became) and the
-//! free nodes of each partition. Every `spin.decide_every_s`, and at once when a request finds no
+//! free nodes of each partition. Every `spin.interval`, and at once when a request finds no
 //! replica, it calls [`Spinner::decide`] and executes the commands:
 //!
 //! - `Submit`: the job waits in its partition's queue, then a fresh serving node starts (JOIN),
@@ -23,20 +23,18 @@
 //! against an oracle that knows the demand in advance, flaps, and a per-minute timeline.
 
 use crate::rng::{self, Stream};
-use crate::scenario::{quantization, Scenario, SpinModel};
+use crate::scenario::{ModelDemand, Scenario, SpinPlan};
 use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim, Stop};
 use crate::track::quantile;
 use crate::world::Routed;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tela_core::cold_start::{ColdStartQueue, Enqueued};
-use tela_core::placement::{place, KvHeadroom, ModelSpec, NodeShape, Variant};
-use tela_core::spin::{
-    Demand, GpuHourBudget, JobId, JobStatus, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner,
-};
-use tela_core::{FabricId, Hardware, Lifecycle, Model, Time};
+use tela_core::placement::{place, NodeShape};
+use tela_core::spin::{DemandMeter, JobId, JobStatus, ModelPolicy, SpinCommand, SpinView, Spinner};
+use tela_core::{Lifecycle, Model, Time};
 
 const MINUTE: Micros = 60_000_000;
 
@@ -113,7 +111,8 @@ pub(crate) struct SpinMeasures {
 /// The spinning side of a simulation.
 pub(crate) struct SpinWorld {
     pub spinner: Spinner,
-    pub models: Vec<SpinModel>,
+    /// The scenario's `[spin]`, checked.
+    pub plan: SpinPlan,
     pub policies: Vec<ModelPolicy>,
     /// Every partition with all its nodes free.
     pub shapes: Vec<NodeShape>,
@@ -123,9 +122,8 @@ pub(crate) struct SpinWorld {
     pub host_job: BTreeMap<u32, u64>,
     cold: Vec<ColdQueue>,
     waiting: Vec<Waiting>,
-    pub in_flight: Vec<u32>,
-    recent: Vec<VecDeque<Micros>>,
-    ttfb: Vec<VecDeque<(Micros, u64)>>,
+    /// Per model: demand as the gateway tier measures it (the core's meter).
+    meters: Vec<DemandMeter>,
     last_release: Vec<Option<Micros>>,
     lambda_max: f64,
     decide_pending: bool,
@@ -140,59 +138,17 @@ fn uniform(rng: &mut ChaCha8Rng, [lo, hi]: [f64; 2]) -> f64 {
     }
 }
 
-/// The placement facts of a scenario model.
-pub(crate) fn model_spec(m: &SpinModel) -> ModelSpec {
-    let quant = quantization(&m.quant).unwrap_or(tela_core::Quantization::Bf16);
-    let mut spec =
-        ModelSpec::new(m.name.clone(), (m.params_b * 1_000.0).round() as u64, quant).with_kv(KvHeadroom::gib(m.kv_gib));
-    for q in &m.quantized {
-        if let Some(quant) = quantization(q) {
-            spec = spec.with_quantized(Variant::new(q.clone(), quant));
-        }
-    }
-    spec
-}
-
-fn policy_of(m: &SpinModel) -> ModelPolicy {
-    ModelPolicy {
-        walltime: Duration::from_secs_f64(m.walltime_h * 3600.0),
-        min_replicas: m.min_replicas,
-        max_replicas: m.max_replicas,
-        concurrency_per_replica: m.concurrency_per_replica,
-        arrivals_per_replica: (m.arrivals_per_replica > 0).then_some(m.arrivals_per_replica),
-        latency_target: (m.latency_target_ms > 0).then(|| Duration::from_millis(m.latency_target_ms)),
-        cooldown: Duration::from_secs_f64(m.cooldown_s),
-        scale_down_after: Duration::from_secs_f64(m.scale_down_after_s),
-        scale_down_percent: m.scale_down_percent,
-        ..ModelPolicy::new(model_spec(m))
-    }
-}
-
-/// Every partition as a placement shape with all its nodes free.
-pub(crate) fn shapes_of(sc: &Scenario) -> Vec<NodeShape> {
-    sc.spin
-        .partition
-        .iter()
-        .map(|p| {
-            let mut hw = Hardware::from_profile(&p.hardware).unwrap_or(Hardware::CPU);
-            hw.fabric = FabricId(p.fabric);
-            NodeShape::new(p.name.clone(), hw, p.nodes)
-        })
-        .collect()
-}
-
 /// Arrivals per second for model `m` at `t`: the daily curve inside the active hours, plus bursts.
-pub(crate) fn rate_at(sc: &Scenario, m: usize, t: Micros) -> f64 {
-    let model = &sc.spin.model[m];
+pub(crate) fn rate_at(sc: &Scenario, demand: &ModelDemand, t: Micros) -> f64 {
     let secs = t as f64 / 1e6;
     let hour = (secs / 3600.0) % 24.0;
-    let [from, to] = model.active_hours;
+    let [from, to] = demand.active_hours;
     let mut rate = 0.0;
     if hour >= from && hour < to {
-        let phase = 2.0 * std::f64::consts::PI * (hour - model.peak_hour) / 24.0;
-        rate = model.base_per_s + (model.peak_per_s - model.base_per_s) * (1.0 + phase.cos()) / 2.0;
+        let phase = 2.0 * std::f64::consts::PI * (hour - demand.peak_hour) / 24.0;
+        rate = demand.base_per_s + (demand.peak_per_s - demand.base_per_s) * (1.0 + phase.cos()) / 2.0;
     }
-    for b in sc.spin.burst.iter().filter(|b| b.model == model.name) {
+    for b in sc.spin.burst.iter().filter(|b| b.model == demand.model) {
         let start = b.start_h * 3600.0;
         if secs >= start && secs < start + b.minutes * 60.0 {
             rate += b.rate_per_s;
@@ -203,43 +159,33 @@ pub(crate) fn rate_at(sc: &Scenario, m: usize, t: Micros) -> f64 {
 
 impl SpinWorld {
     fn new(sc: &Scenario, seed: u64, gateways: u32) -> SpinWorld {
-        let s = &sc.spin;
-        let budget = (s.budget_gpu_hours > 0).then(|| GpuHourBudget {
-            gpu_hours: s.budget_gpu_hours,
-            window: Duration::from_secs_f64(s.budget_window_h * 3600.0),
-        });
-        let config = SpinConfig { max_concurrent_jobs: s.max_concurrent_jobs, budget, first_job_id: 1 };
-        let policies: Vec<ModelPolicy> = s.model.iter().map(policy_of).collect();
-        // The scenario was validated; a policy the core refuses is a scenario error worth a panic
-        // with the core's own words.
-        let spinner = Spinner::new(config, policies.clone()).unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
-        let n = s.model.len();
-        let timeout = Duration::from_secs_f64(s.cold_start_timeout_s);
-        let lambda_max =
-            s.model.iter().map(|m| m.peak_per_s).sum::<f64>() + s.burst.iter().map(|b| b.rate_per_s).sum::<f64>();
+        // The scenario was validated; a plan refused now is a bug worth a panic in its own words.
+        let plan = sc.spin.plan().unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
+        let policies: Vec<ModelPolicy> = plan.models.iter().map(|m| m.policy.clone()).collect();
+        let spinner =
+            Spinner::new(plan.limits, policies.clone()).unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
+        let n = plan.models.len();
+        let lambda_max = plan.models.iter().map(|m| m.demand.peak_per_s).sum::<f64>()
+            + sc.spin.burst.iter().map(|b| b.rate_per_s).sum::<f64>();
         let minutes = (sc.duration_s / 60.0).ceil() as usize + 1;
+        let cold = plan.cold_start;
         SpinWorld {
             spinner,
-            models: s.model.clone(),
             policies,
-            shapes: shapes_of(sc),
-            used_nodes: vec![0; s.partition.len()],
+            shapes: plan.shapes.clone(),
+            used_nodes: vec![0; plan.shapes.len()],
             rng: rng::stream(seed, Stream::Spin),
             jobs: BTreeMap::new(),
             host_job: BTreeMap::new(),
             cold: (0..gateways as usize * n)
-                .map(|_| ColdQueue {
-                    queue: ColdStartQueue::new(s.cold_start_capacity as usize, timeout),
-                    expire_at: None,
-                })
+                .map(|_| ColdQueue { queue: ColdStartQueue::new(cold.capacity, cold.timeout), expire_at: None })
                 .collect(),
             waiting: Vec::new(),
-            in_flight: vec![0; n],
-            recent: vec![VecDeque::new(); n],
-            ttfb: vec![VecDeque::new(); n],
+            meters: vec![DemandMeter::default(); n],
             last_release: vec![None; n],
             lambda_max,
             decide_pending: false,
+            plan,
             m: SpinMeasures {
                 load_s: vec![vec![0.0; minutes]; n],
                 arrivals: vec![vec![0; minutes]; n],
@@ -249,11 +195,11 @@ impl SpinWorld {
     }
 
     fn model_index(&self, name: &str) -> Option<usize> {
-        self.models.iter().position(|m| m.name == name)
+        self.plan.models.iter().position(|m| m.name() == name)
     }
 
     fn queued(&self, m: usize) -> u32 {
-        let n = self.models.len();
+        let n = self.plan.models.len();
         self.cold.iter().skip(m).step_by(n).map(|q| q.queue.len() as u32).sum()
     }
 
@@ -276,7 +222,7 @@ impl Sim {
         let spin = SpinWorld::new(&self.sc, self.seed, self.sc.federation.gateways);
         let lambda = spin.lambda_max;
         self.spin = Some(Box::new(spin));
-        self.at(micros(self.sc.spin.decide_every_s), Kind::SpinTick);
+        self.at(micros(self.spin_interval_s()), Kind::SpinTick);
         self.at(MINUTE, Kind::SpinMinute);
         if lambda > 0.0 {
             let first = self.next_spin_arrival();
@@ -291,6 +237,11 @@ impl Sim {
         }
     }
 
+    /// Seconds between two periodic decisions.
+    fn spin_interval_s(&self) -> f64 {
+        self.spin.as_ref().map_or(1.0, |s| s.plan.interval.as_secs_f64())
+    }
+
     fn next_spin_arrival(&mut self) -> Micros {
         let rate = self.spin.as_ref().map_or(0.0, |s| s.lambda_max);
         let u: f64 = self.work_rng.random_range(f64::EPSILON..1.0);
@@ -302,11 +253,11 @@ impl Sim {
         let next = self.next_spin_arrival();
         self.at(next, Kind::SpinArrival);
         let Some(spin) = self.spin.as_ref() else { return };
-        let n = spin.models.len();
+        let n = spin.plan.models.len();
         let mut u = self.work_rng.random_range(0.0..spin.lambda_max);
         let mut picked = None;
         for m in 0..n {
-            let r = rate_at(&self.sc, m, self.now);
+            let r = rate_at(&self.sc, &spin.plan.models[m].demand, self.now);
             if u < r {
                 picked = Some(m);
                 break;
@@ -315,7 +266,7 @@ impl Sim {
         }
         let Some(m) = picked else { return };
         let tokens = {
-            let [lo, hi] = self.sc.spin.model[m].tokens;
+            let [lo, hi] = spin.plan.models[m].demand.tokens;
             self.work_rng.random_range(lo..=hi.max(lo))
         };
         let w = &self.sc.workload;
@@ -327,10 +278,10 @@ impl Sim {
             *slot += service_s;
             spin.m.arrivals[m][minute] += 1;
         }
-        spin.recent[m].push_back(now);
+        spin.meters[m].arrive(Time(now));
         self.t.sent += 1;
+        let name = spin.plan.models[m].name().to_string();
         let Some(g) = self.client_gateway() else { return };
-        let name = self.sc.spin.model[m].name.clone();
         match self.route_request(g, &name, Some(tokens), Some(m as u16), now) {
             Routed::Placed | Routed::Stopped => {}
             Routed::Exhausted => self.t.failed += 1,
@@ -341,7 +292,7 @@ impl Sim {
     fn cold_enqueue(&mut self, g: u32, m: usize, w: Waiting) {
         let now = self.now;
         let spin = self.spin.as_mut().expect("spinning");
-        let n = spin.models.len();
+        let n = spin.plan.models.len();
         let was_idle = spin.queued(m) == 0;
         let id = spin.waiting.len() as u32;
         spin.waiting.push(w);
@@ -374,7 +325,7 @@ impl Sim {
     pub(crate) fn cold_expire(&mut self, g: u32, m: u32) {
         let now = self.now;
         let Some(spin) = self.spin.as_mut() else { return };
-        let n = spin.models.len();
+        let n = spin.plan.models.len();
         let q = &mut spin.cold[g as usize * n + m as usize];
         if q.expire_at != Some(now) {
             return;
@@ -400,11 +351,11 @@ impl Sim {
         let now = self.now;
         for m in models {
             let spin = self.spin.as_mut().expect("spinning");
-            let n_models = spin.models.len();
+            let n_models = spin.plan.models.len();
             let released = spin.cold[g as usize * n_models + m].queue.on_replica_ready(Time(now));
             for id in released {
-                let w = self.spin.as_ref().expect("spinning").waiting[id as usize];
-                let name = self.sc.spin.model[m].name.clone();
+                let spin = self.spin.as_ref().expect("spinning");
+                let (w, name) = (spin.waiting[id as usize], spin.plan.models[m].name().to_string());
                 match self.route_request(g, &name, Some(w.tokens), Some(w.model), w.arrived) {
                     Routed::Placed => {
                         let spin = self.spin.as_mut().expect("spinning");
@@ -424,15 +375,16 @@ impl Sim {
     pub(crate) fn spin_placed(&mut self, m: u16, ttfb: Micros) {
         let now = self.now;
         if let Some(spin) = self.spin.as_mut() {
-            spin.in_flight[m as usize] += 1;
-            spin.ttfb[m as usize].push_back((now, ttfb));
+            let meter = &mut spin.meters[m as usize];
+            meter.enter();
+            meter.first_byte(Time(now), Duration::from_micros(ttfb));
         }
     }
 
     /// A spin request finished or failed.
     pub(crate) fn spin_request_over(&mut self, m: u16) {
         if let Some(spin) = self.spin.as_mut() {
-            spin.in_flight[m as usize] = spin.in_flight[m as usize].saturating_sub(1);
+            spin.meters[m as usize].leave();
         }
     }
 
@@ -442,31 +394,9 @@ impl Sim {
         let gw = (0..self.sc.federation.gateways).find(|&g| self.hosts[g as usize].running());
         let spin = self.spin.as_mut().expect("spinning");
         let mut view = SpinView::default();
-        for (m, model) in spin.models.iter().enumerate() {
-            let recent = &mut spin.recent[m];
-            while recent.front().is_some_and(|t| now - *t >= MINUTE) {
-                recent.pop_front();
-            }
-            let ttfb = &mut spin.ttfb[m];
-            while ttfb.front().is_some_and(|(t, _)| now - *t >= MINUTE) {
-                ttfb.pop_front();
-            }
-            let p95 = (!ttfb.is_empty()).then(|| {
-                let mut v: Vec<f64> = ttfb.iter().map(|(_, l)| *l as f64).collect();
-                Duration::from_micros(quantile(&mut v, 0.95) as u64)
-            });
-            let n = spin.models.len();
-            let queued = spin.cold.iter().skip(m).step_by(n).map(|q| q.queue.len() as u32).sum();
-            view.demand.insert(
-                model.name.clone(),
-                Demand {
-                    queued,
-                    in_flight: spin.in_flight[m],
-                    arrivals_per_min: recent.len() as u32,
-                    p95_latency: p95,
-                    batch_replicas: 0,
-                },
-            );
+        for (m, model) in spin.plan.models.iter().enumerate() {
+            let queued = spin.queued(m);
+            view.demand.insert(model.name().to_string(), spin.meters[m].demand(Time(now), queued));
         }
         for (id, job) in spin.jobs.iter().filter(|(_, j)| j.ended.is_none()) {
             view.jobs.push(match job.host {
@@ -494,7 +424,7 @@ impl Sim {
     /// One decision of the spinner, and its commands executed.
     pub(crate) fn spin_decide(&mut self, periodic: bool) {
         if periodic {
-            self.after(micros(self.sc.spin.decide_every_s), Kind::SpinTick);
+            self.after(micros(self.spin_interval_s()), Kind::SpinTick);
         } else if let Some(spin) = self.spin.as_mut() {
             spin.decide_pending = false;
         }
@@ -519,16 +449,18 @@ impl Sim {
         spin.m.max_budget_gpu_s = spin.m.max_budget_gpu_s.max(used);
         let over = spin.used_nodes.iter().zip(&spin.shapes).map(|(u, s)| i64::from(*u) - i64::from(s.free_nodes)).max();
         spin.m.max_nodes_over = spin.m.max_nodes_over.max(over.unwrap_or(0));
-        let s = &self.sc.spin;
+        let limits = spin.plan.limits;
         let mut broken = None;
-        if live > s.max_concurrent_jobs {
-            broken =
-                Some(format!("spinner holds {live} live jobs, above max_concurrent_jobs {}", s.max_concurrent_jobs));
-        } else if s.budget_gpu_hours > 0 && used > s.budget_gpu_hours * 3600 {
+        if live > limits.max_concurrent_jobs {
+            broken = Some(format!(
+                "spinner holds {live} live jobs, above max_concurrent_jobs {}",
+                limits.max_concurrent_jobs
+            ));
+        } else if let Some(b) = limits.budget.filter(|b| used > b.gpu_hours * 3600) {
             broken = Some(format!(
                 "spinner charged {:.1} GPU-hours in its window, above the budget of {}",
                 used as f64 / 3600.0,
-                s.budget_gpu_hours
+                b.gpu_hours
             ));
         } else if over.unwrap_or(0) > 0 {
             broken = Some("spinner jobs hold more nodes than a partition has".to_string());
@@ -566,7 +498,7 @@ impl Sim {
                         ended: None,
                     },
                 );
-                let wait = micros(uniform(&mut spin.rng, self.sc.spin.partition[p].queue_wait_s));
+                let wait = micros(uniform(&mut spin.rng, spin.plan.queue_wait_s[p]));
                 self.after(wait, Kind::SpinStart(job.0 as u32));
             }
             SpinCommand::Cancel { job } => {
@@ -611,7 +543,7 @@ impl Sim {
         }
         let (m, p, walltime) = (j.model, j.partition, j.walltime);
         let hardware = spin.shapes[p].hardware.clone();
-        let model = Model::named(spin.models[m].name.clone());
+        let model = Model::named(spin.plan.models[m].name().to_string());
         let sites = self.sc.network.sites;
         let h = self.hosts.len() as u32;
         self.new_host(false, false, p as u32 % sites, hardware, vec![model]);
@@ -629,7 +561,7 @@ impl Sim {
     pub(crate) fn spin_startup(&self, h: u32) -> Option<[f64; 2]> {
         let spin = self.spin.as_ref()?;
         let job = spin.host_job.get(&h)?;
-        Some(spin.models[spin.jobs[job].model].engine_startup_s)
+        Some(spin.plan.models[spin.jobs[job].model].demand.engine_startup_s)
     }
 
     /// Whether host `h` runs a spinner job.
@@ -701,7 +633,7 @@ impl Sim {
     pub(crate) fn spin_minute(&mut self) {
         self.after(MINUTE, Kind::SpinMinute);
         let Some(spin) = self.spin.as_ref() else { return };
-        let n = spin.models.len();
+        let n = spin.plan.models.len();
         let mut minute = Minute { serving: vec![0; n], demand: vec![0; n], gpus: 0 };
         for (&h, job) in &spin.host_job {
             let j = &spin.jobs[job];
@@ -711,7 +643,7 @@ impl Sim {
             }
         }
         for m in 0..n {
-            minute.demand[m] = spin.queued(m) + spin.in_flight[m];
+            minute.demand[m] = spin.queued(m) + spin.meters[m].in_flight();
         }
         self.spin.as_mut().expect("spinning").m.timeline.push(minute);
     }
@@ -765,7 +697,7 @@ impl SpinWorld {
                 partitions[j.partition].1 += f64::from(j.gpus) * (j.ended.unwrap_or(now) - start) as f64 / 3.6e9;
             }
         }
-        let oracle_replicas: Vec<Vec<u32>> = (0..self.models.len()).map(|m| self.oracle(m)).collect();
+        let oracle_replicas: Vec<Vec<u32>> = (0..self.plan.models.len()).map(|m| self.oracle(m)).collect();
         let elapsed = (now.div_ceil(MINUTE) as usize).min(self.m.load_s.first().map_or(0, Vec::len));
         let oracle_gpu_h: f64 = oracle_replicas
             .iter()

@@ -11,9 +11,10 @@ fn run(sc: Scenario, seed: u64) -> Report {
 fn a_spinning_day_answers_every_request_and_leaks_no_job() {
     let sc = Scenario::load("spinning-day").expect("scenario");
     let longest_s = sc.workload.ttft_ms / 1e3
-        + sc.spin.model.iter().map(|m| f64::from(m.tokens[1])).fold(0.0, f64::max) / sc.workload.tokens_per_s;
+        + sc.spin.demand.iter().map(|d| f64::from(d.tokens[1])).fold(0.0, f64::max) / sc.workload.tokens_per_s;
     let window_covers = sc.protocol.drain_window_s >= longest_s && sc.jobs.preempt_grace_s >= longest_s;
-    let (max_jobs, budget) = (sc.spin.max_concurrent_jobs, sc.spin.budget_gpu_hours);
+    let plan = sc.spin.plan().expect("a valid [spin]");
+    let (max_jobs, budget) = (plan.limits.max_concurrent_jobs, plan.limits.budget.expect("a budget").gpu_hours);
     let r = run(sc, 1);
     let replay = replay_command("spinning-day", 1, false);
     assert!(r.passed(), "{}\nreplay: {replay}", r.summary());
@@ -73,14 +74,23 @@ fn spinning_is_deterministic() {
 
 #[test]
 fn spin_sections_refuse_typos_and_nonsense() {
-    let base = "[[spin.partition]]\nname = \"p\"\nhardware = \"a100-80x4\"\n[[spin.model]]\nname = \"m\"\n";
+    // The same tables a gateway reads, checked by the same core functions.
+    let base = "[[spin.partition]]\nname = \"p\"\nshape = \"a100-80x4\"\nnodes = 2\n\
+                [[spin.model]]\nname = \"m\"\nparams = \"8B\"\nquantization = \"bf16\"\n";
     Scenario::parse(base).expect("a minimal spin section parses");
-    let e = Scenario::parse(&format!("{base}walltime = 4\n")).unwrap_err();
-    assert!(e.to_string().contains("unknown field"), "{e}");
-    let e = Scenario::parse("[[spin.model]]\nname = \"m\"\n").unwrap_err();
-    assert!(e.to_string().contains("spin.partition"), "{e}");
-    let e = Scenario::parse(&format!("{base}quant = \"q3\"\n")).unwrap_err();
-    assert!(e.to_string().contains("unknown weight format"), "{e}");
-    let e = Scenario::parse(&format!("{base}[[spin.burst]]\nmodel = \"other\"\n")).unwrap_err();
-    assert!(e.to_string().contains("not a [[spin.model]]"), "{e}");
+    let refused = |text: String, wanted: &str| {
+        let e = Scenario::parse(&text).unwrap_err().to_string();
+        assert!(e.contains(wanted), "wanted '{wanted}' in: {e}");
+    };
+    refused(format!("{base}walltime = 4\n"), "invalid type");
+    refused(format!("{base}walltime_h = 4\n"), "unknown field");
+    refused("[[spin.model]]\nname = \"m\"\nparams = \"8B\"\nquantization = \"bf16\"\n".into(), "spin.partition");
+    refused(base.replace("bf16", "q3"), "spin.model[m].quantization: unknown quantization 'q3'");
+    refused(base.replace("8B", "2000B"), "spin.model[m]: cannot be placed on any partition");
+    refused(format!("{base}min_replicas = 5\n"), "spin.model[m].min_replicas: 5 is above max_replicas 4");
+    refused(format!("{base}drain_window = \"10m\"\n"), "protocol.drain_window_s");
+    refused(format!("{base}[[spin.burst]]\nmodel = \"other\"\n"), "not a [[spin.model]]");
+    refused(format!("{base}[[spin.demand]]\nmodel = \"other\"\n"), "not a [[spin.model]]");
+    refused(format!("{base}[[spin.queue]]\npartition = \"q\"\nwait_s = [1, 2]\n"), "not a [[spin.partition]]");
+    refused(format!("{base}[[spin.demand]]\nmodel = \"m\"\nactive_hours = [20, 3]\n"), "active_hours");
 }

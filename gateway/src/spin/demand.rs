@@ -1,101 +1,70 @@
-//! Demand per spinnable model, as the gateway measures it: requests in flight, arrivals over the
-//! last minute and the p95 time to the first response byte. Only models of the spin plan are
-//! tracked, so a client cannot grow these tables.
+//! Demand per spinnable model, as the gateway measures it: one core [`DemandMeter`] per model of
+//! the spin plan (so a client cannot grow these tables), fed by the request path and read by the
+//! spin task and `/status`. The figures and their windows are the core's, the same the simulator
+//! measures.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Samples of time to first byte kept per model.
-const TTFB_SAMPLES: usize = 256;
-/// The window of the arrival rate and the latency percentile.
-const WINDOW: Duration = Duration::from_secs(60);
-
-#[derive(Default)]
-struct ModelDemand {
-    in_flight: Arc<AtomicU32>,
-    /// Arrivals per second of the last minute: `(second, count)`, oldest first.
-    arrivals: VecDeque<(u64, u32)>,
-    ttfb: VecDeque<(Instant, Duration)>,
-}
-
-/// What [`DemandTracker::measure`] reports for one model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Measured {
-    /// Requests being served now.
-    pub in_flight: u32,
-    /// Requests that arrived over the last minute.
-    pub arrivals_per_min: u32,
-    /// p95 time to first byte over the last minute, once there are samples.
-    pub p95_ttfb: Option<Duration>,
-}
+use tela_core::spin::{Demand, DemandMeter};
+use tela_runtime::clock::Clock;
 
 /// Demand of the spinnable models. Cheap to share; every method holds its lock briefly.
 pub struct DemandTracker {
-    started: Instant,
-    models: Mutex<HashMap<String, ModelDemand>>,
+    clock: Clock,
+    models: Arc<Mutex<HashMap<String, DemandMeter>>>,
 }
 
 /// One request in flight for a model; leaves when dropped (with the response body).
-pub struct InFlight(Arc<AtomicU32>);
+pub struct InFlight {
+    models: Arc<Mutex<HashMap<String, DemandMeter>>>,
+    model: String,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = models.get_mut(&self.model) {
+            m.leave();
+        }
     }
 }
 
 impl DemandTracker {
-    /// Tracks `models`.
-    pub fn new<'a>(models: impl IntoIterator<Item = &'a str>) -> DemandTracker {
-        let models = models.into_iter().map(|m| (m.to_string(), ModelDemand::default())).collect();
-        DemandTracker { started: Instant::now(), models: Mutex::new(models) }
+    /// Tracks `models`, reading time from `clock`.
+    pub fn new<'a>(clock: Clock, models: impl IntoIterator<Item = &'a str>) -> DemandTracker {
+        let models = models.into_iter().map(|m| (m.to_string(), DemandMeter::default())).collect();
+        DemandTracker { clock, models: Arc::new(Mutex::new(models)) }
+    }
+
+    fn with<T>(&self, model: &str, f: impl FnOnce(&mut DemandMeter) -> T) -> Option<T> {
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        models.get_mut(model).map(f)
     }
 
     /// Counts an arrival for `model` (when tracked).
     pub fn arrive(&self, model: &str) {
-        let second = self.started.elapsed().as_secs();
-        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(m) = models.get_mut(model) else { return };
-        match m.arrivals.back_mut() {
-            Some((s, n)) if *s == second => *n = n.saturating_add(1),
-            _ => m.arrivals.push_back((second, 1)),
-        }
-        while m.arrivals.front().is_some_and(|(s, _)| *s + WINDOW.as_secs() <= second) {
-            m.arrivals.pop_front();
-        }
+        let now = self.clock.now();
+        self.with(model, |m| m.arrive(now));
     }
 
     /// Counts a request for `model` in flight until the guard is dropped (`None`: not tracked).
     pub fn enter(&self, model: &str) -> Option<InFlight> {
-        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = models.get(model)?.in_flight.clone();
-        count.fetch_add(1, Ordering::AcqRel);
-        Some(InFlight(count))
+        self.with(model, DemandMeter::enter)?;
+        Some(InFlight { models: self.models.clone(), model: model.to_string() })
     }
 
     /// Records the time to the first response byte of a request for `model`.
     pub fn first_byte(&self, model: &str, after: Duration) {
-        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(m) = models.get_mut(model) else { return };
-        if m.ttfb.len() == TTFB_SAMPLES {
-            m.ttfb.pop_front();
-        }
-        m.ttfb.push_back((Instant::now(), after));
+        let now = self.clock.now();
+        self.with(model, |m| m.first_byte(now, after));
     }
 
-    /// The demand of `model` now.
-    pub fn measure(&self, model: &str) -> Measured {
-        let second = self.started.elapsed().as_secs();
-        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(m) = models.get(model) else { return Measured::default() };
-        let arrivals = m.arrivals.iter().filter(|(s, _)| *s + WINDOW.as_secs() > second).map(|(_, n)| *n).sum();
-        let mut recent: Vec<Duration> =
-            m.ttfb.iter().filter(|(at, _)| at.elapsed() < WINDOW).map(|(_, d)| *d).collect();
-        recent.sort();
-        let p95 = (!recent.is_empty()).then(|| recent[(recent.len() * 95).div_ceil(100).saturating_sub(1)]);
-        Measured { in_flight: m.in_flight.load(Ordering::Acquire), arrivals_per_min: arrivals, p95_ttfb: p95 }
+    /// The demand of `model` now, with `queued` requests waiting for a replica.
+    pub fn measure(&self, model: &str, queued: u32) -> Demand {
+        let now = self.clock.now();
+        self.with(model, |m| m.demand(now, queued)).unwrap_or(Demand { queued, ..Demand::default() })
     }
 }
 
@@ -105,7 +74,7 @@ mod tests {
 
     #[test]
     fn in_flight_arrivals_and_the_p95_are_counted_for_tracked_models_only() {
-        let t = DemandTracker::new(["a"]);
+        let t = DemandTracker::new(Clock::start(), ["a"]);
         assert!(t.enter("b").is_none());
         let guards: Vec<_> = (0..3).filter_map(|_| t.enter("a")).collect();
         for _ in 0..5 {
@@ -115,10 +84,13 @@ mod tests {
         for ms in 1..=100 {
             t.first_byte("a", Duration::from_millis(ms));
         }
-        let m = t.measure("a");
-        assert_eq!((m.in_flight, m.arrivals_per_min, m.p95_ttfb), (3, 5, Some(Duration::from_millis(95))));
+        let m = t.measure("a", 2);
+        assert_eq!(
+            (m.queued, m.in_flight, m.arrivals_per_min, m.p95_latency),
+            (2, 3, 5, Some(Duration::from_millis(95)))
+        );
         drop(guards);
-        assert_eq!(t.measure("a").in_flight, 0);
-        assert_eq!(t.measure("b"), Measured::default());
+        assert_eq!(t.measure("a", 0).in_flight, 0);
+        assert_eq!(t.measure("b", 0), Demand::default());
     }
 }

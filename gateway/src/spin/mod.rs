@@ -148,16 +148,17 @@ impl SpinShared {
             .iter()
             .map(|m| {
                 let (wanted, supply, blocked) = report.models.get(m).cloned().unwrap_or_default();
-                let measured = self.demand.measure(m);
+                let queued = u32::try_from(self.room.queued(m)).unwrap_or(u32::MAX);
+                let measured = self.demand.measure(m, queued);
                 json!({
                     "name": m,
                     "wanted": wanted,
                     "supply": supply,
                     "blocked": blocked,
-                    "queued": self.room.queued(m),
+                    "queued": queued,
                     "in_flight": measured.in_flight,
                     "arrivals_per_min": measured.arrivals_per_min,
-                    "p95_ttfb_ms": measured.p95_ttfb.map(|d| d.as_millis() as u64),
+                    "p95_ttfb_ms": measured.p95_latency.map(|d| d.as_millis() as u64),
                     "last_choice": report.choices.get(m).map(queue::Choice::json),
                     "batch_backlog": report.backlog.get(m).map_or(0, |b| b.counted),
                     "batch_backlog_over_budget": report.backlog.get(m).map_or(0, |b| b.over_budget),
@@ -252,7 +253,7 @@ pub(crate) fn shared(setup: &SpinSetup, view: &RuntimeView) -> Arc<SpinShared> {
         models: plan.models.iter().map(|m| m.name().to_string()).collect(),
         backend: setup.batch.name().to_string(),
         room: WaitingRoom::new(view.clock(), plan.cold_start_capacity, plan.cold_start_timeout),
-        demand: DemandTracker::new(plan.models.iter().map(|m| m.name())),
+        demand: DemandTracker::new(view.clock(), plan.models.iter().map(|m| m.name())),
         wake: Notify::new(),
         report: Mutex::default(),
     })
@@ -494,16 +495,13 @@ impl SpinTask {
         let me = self.parts.view.node_id();
         let mut view = SpinView::default();
         for m in &self.plan.models {
-            let measured = self.spin.demand.measure(m.name());
+            let queued = u32::try_from(self.spin.room.queued(m.name())).unwrap_or(u32::MAX);
             let demand = Demand {
-                queued: u32::try_from(self.spin.room.queued(m.name())).unwrap_or(u32::MAX),
-                in_flight: measured.in_flight,
-                arrivals_per_min: measured.arrivals_per_min,
-                p95_latency: measured.p95_ttfb,
                 batch_replicas: match (&self.plan.batch, self.backlog.get(m.name())) {
                     (Some(settings), Some(b)) => b.replicas(settings),
                     _ => 0,
                 },
+                ..self.spin.demand.measure(m.name(), queued)
             };
             if !demand.is_idle() || demand.p95_latency.is_some() {
                 view.demand.insert(m.name().to_string(), demand);

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tela_batch::firecrest::ClientSecret;
 
 use super::error::{invalid, ConfigError};
-use super::units::{positive, Dur};
+use tela_core::spin::config::{positive, Dur};
 
 /// Which front door to the batch system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

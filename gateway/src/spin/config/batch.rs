@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::{invalid, ConfigError};
-use super::units::{positive, Dur};
+use tela_core::spin::config::{positive, Dur};
 
 /// `[spin.batch]`: short, backfill-friendly jobs for the batch API's backlog.
 #[derive(Clone, Debug, Deserialize)]

@@ -36,3 +36,9 @@ pub enum ConfigError {
 pub(super) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.into(), reason: reason.into() }
 }
+
+impl From<tela_core::spin::config::InvalidKey> for ConfigError {
+    fn from(e: tela_core::spin::config::InvalidKey) -> ConfigError {
+        ConfigError::Invalid { key: e.key, reason: e.reason }
+    }
+}

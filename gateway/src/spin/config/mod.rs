@@ -46,22 +46,23 @@ mod error;
 mod job;
 mod model;
 mod partition;
-mod units;
 
 use std::time::Duration;
 
 use serde::Deserialize;
 use tela_core::placement::{NoPlacement, NodeShape, Placement};
-use tela_core::spin::{GpuHourBudget, SpinConfig, Spinner};
+use tela_core::spin::{SpinConfig, Spinner};
 use tela_core::GpuModel;
 
 pub use backend::{BackendKind, BackendPlan, BackendSection};
 pub use batch::{BatchSpin, BatchSpinSection};
 pub use error::ConfigError;
 pub use job::{JobSection, JobSettings};
-pub use model::{place_on, ModelSection, SpinModel, VariantSection};
-pub use partition::{Partition, PartitionSection};
-pub use units::{Dur, Mib};
+pub use model::SpinModel;
+pub use partition::Partition;
+pub use tela_core::spin::config::{
+    place_on, BudgetSection, ColdStartSection, Dur, Mib, ModelSection, PartitionSection, VariantSection,
+};
 
 use backend::resolve_backend;
 use batch::resolve_batch_spin;
@@ -69,7 +70,7 @@ use error::invalid;
 use job::resolve_job;
 use model::resolve_model;
 use partition::resolve_partition;
-use units::positive;
+use tela_core::spin::config::positive;
 
 /// `[spin]` as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -99,26 +100,6 @@ pub struct SpinSection {
     /// Spinning for the batch API's backlog (`[spin.batch]`; default: off, only requests
     /// waiting or in flight count).
     pub batch: Option<BatchSpinSection>,
-}
-
-/// `[spin.budget]` / `budget = { ... }`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetSection {
-    /// GPU-hours per window.
-    pub gpu_hours: u64,
-    /// The sliding window (e.g. `"24h"`).
-    pub window: Dur,
-}
-
-/// `[spin.cold_start]`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ColdStartSection {
-    /// Requests that may wait per model (default 64).
-    pub capacity: Option<usize>,
-    /// The longest a request waits for a replica (default 10 min).
-    pub timeout: Option<Dur>,
 }
 
 /// `[spin]`, checked: everything the spin task needs.
@@ -159,37 +140,10 @@ impl SpinPlan {
     /// Checks `[spin]` and resolves it; see the module docs.
     pub fn resolve(section: &SpinSection) -> Result<SpinPlan, ConfigError> {
         let interval = positive("spin.interval", section.interval, Duration::from_secs(5))?;
-        let max_concurrent_jobs = section.max_concurrent_jobs.unwrap_or(8);
-        if max_concurrent_jobs == 0 {
-            return Err(invalid("spin.max_concurrent_jobs", "must be at least 1"));
-        }
-        let budget = match &section.budget {
-            None => None,
-            Some(b) => {
-                if b.window.0.is_zero() {
-                    return Err(invalid("spin.budget.window", "must be longer than zero (e.g. \"24h\")"));
-                }
-                if b.gpu_hours == 0 {
-                    return Err(invalid(
-                        "spin.budget.gpu_hours",
-                        "must be at least 1 (leave out [spin.budget] for none)",
-                    ));
-                }
-                Some(GpuHourBudget { gpu_hours: b.gpu_hours, window: b.window.0 })
-            }
-        };
+        let limits = tela_core::spin::config::limits(section.max_concurrent_jobs, section.budget.as_ref())?;
         let backend = resolve_backend(section.backend.as_ref())?;
         let job = resolve_job(section.job.as_ref())?;
-        let (cold_start_capacity, cold_start_timeout) = match &section.cold_start {
-            None => (64, Duration::from_secs(600)),
-            Some(c) => {
-                let capacity = c.capacity.unwrap_or(64);
-                if capacity == 0 {
-                    return Err(invalid("spin.cold_start.capacity", "must be at least 1"));
-                }
-                (capacity, positive("spin.cold_start.timeout", c.timeout, Duration::from_secs(600))?)
-            }
-        };
+        let cold_start = ColdStartSection::resolve(section.cold_start.as_ref())?;
         if section.partition.is_empty() {
             return Err(invalid(
                 "spin.partition",
@@ -233,7 +187,6 @@ impl SpinPlan {
             }
             models.push(model);
         }
-        let limits = SpinConfig { max_concurrent_jobs, budget, first_job_id: 1 };
         // The core's own checks, for anything the ones above do not cover.
         Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
             .map_err(|e| invalid("spin.model", e.to_string()))?;
@@ -244,8 +197,8 @@ impl SpinPlan {
             limits,
             backend,
             job,
-            cold_start_capacity,
-            cold_start_timeout,
+            cold_start_capacity: cold_start.capacity,
+            cold_start_timeout: cold_start.timeout,
             partitions,
             models,
             batch,

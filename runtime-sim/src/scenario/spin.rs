@@ -1,0 +1,263 @@
+//! Model spinning in a scenario: the `[spin]` section — the same `[[spin.partition]]`,
+//! `[[spin.model]]`, `budget` and `[spin.cold_start]` tables a gateway reads from its
+//! `gateway.toml`, checked by the same core functions — plus what only a simulation needs: how
+//! long each partition's queue makes a job wait (`[[spin.queue]]`), each model's demand over the
+//! day and engine start-up (`[[spin.demand]]`), bursts and preemptions.
+//!
+//! ```toml
+//! [spin]
+//! interval = "15s"
+//! max_concurrent_jobs = 20
+//! budget = { gpu_hours = 600, window = "24h" }
+//! cold_start = { capacity = 5000, timeout = "15m" }
+//!
+//! [[spin.partition]]
+//! name = "l40s"
+//! shape = "l40s"
+//! nodes = 8
+//!
+//! [[spin.model]]
+//! name = "llama-3.1-8b"
+//! params = "8B"
+//! quantization = "bf16"
+//! kv_headroom = "8GiB"
+//!
+//! [[spin.queue]]
+//! partition = "l40s"
+//! wait_s = [60, 600]
+//!
+//! [[spin.demand]]
+//! model = "llama-3.1-8b"
+//! peak_per_s = 3.5
+//! ```
+//!
+//! Keys only a batch system needs (a model's `engine`, a partition's `account`, ...) are
+//! accepted and have no effect; a model's `drain_window` is refused: every simulated job is told
+//! to drain `protocol.drain_window_s` before its walltime.
+
+use super::Workload;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tela_core::placement::NodeShape;
+use tela_core::spin::config::{
+    limits, positive, BudgetSection, ColdStart, ColdStartSection, Dur, ModelSection, PartitionSection,
+};
+use tela_core::spin::{ModelPolicy, SpinConfig};
+
+/// Model spinning: the core's spin controller drives simulated Slurm jobs.
+///
+/// A simulated gateway measures demand per model, lists the spinner's jobs and the free nodes of
+/// each partition, calls the spinner every `interval` and executes its commands: a submit waits
+/// in the partition's queue, starts a serving node that joins, loads the engine and serves until
+/// the spinner drains it, a preemption ends it, or its walltime does (drain signal
+/// `protocol.drain_window_s` before). Requests for a model with no replica wait in the gateway's
+/// cold-start queue.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Spin {
+    /// Between two periodic decisions (a request that finds no replica also triggers one;
+    /// default 5 s, as a gateway's).
+    pub interval: Option<Dur>,
+    /// Most live spinner jobs at once (queued, running or draining; default 8).
+    pub max_concurrent_jobs: Option<u32>,
+    /// GPU-hours the jobs submitted within one window may use.
+    pub budget: Option<BudgetSection>,
+    /// The cold-start queue of each gateway and model.
+    pub cold_start: Option<ColdStartSection>,
+    /// Preemptions of running spinner jobs, at uniform times before `faults_until_s`; each drains
+    /// at once and is killed `jobs.preempt_grace_s` later.
+    pub preemptions: u32,
+    /// Slurm partitions the spinner may submit to (the gateway's schema).
+    pub partition: Vec<PartitionSection>,
+    /// Spinnable models and their policy (the gateway's schema).
+    pub model: Vec<ModelSection>,
+    /// How long a job waits in each partition's queue (default 30–300 s).
+    pub queue: Vec<QueueWait>,
+    /// Each model's demand over the day and its engine's start-up.
+    pub demand: Vec<ModelDemand>,
+    /// Bursts of extra demand on top of the models' daily curves.
+    pub burst: Vec<Burst>,
+}
+
+/// How long a job waits in one partition's queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QueueWait {
+    /// The partition.
+    pub partition: String,
+    /// Uniform range in seconds.
+    pub wait_s: [f64; 2],
+}
+
+/// The demand for one model over the day, and how long its engine takes to start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelDemand {
+    /// The model.
+    pub model: String,
+    /// Engine start-up (weights loading) time, uniform range in seconds.
+    pub engine_startup_s: [f64; 2],
+    /// Arrivals per second at the daily low, inside the active hours.
+    pub base_per_s: f64,
+    /// Arrivals per second at the daily peak.
+    pub peak_per_s: f64,
+    /// Hour of the day of the peak.
+    pub peak_hour: f64,
+    /// Hours of the day `[from, to)` with demand; outside, the model is idle.
+    pub active_hours: [f64; 2],
+    /// Tokens per response, uniform range.
+    pub tokens: [u32; 2],
+}
+
+/// Extra demand for one model during a stretch of the day.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Burst {
+    /// The model.
+    pub model: String,
+    /// Start, in hours from the beginning of the run.
+    pub start_h: f64,
+    /// Length in minutes.
+    pub minutes: f64,
+    /// Arrivals per second added.
+    pub rate_per_s: f64,
+}
+
+impl Default for ModelDemand {
+    fn default() -> Self {
+        ModelDemand {
+            model: String::new(),
+            engine_startup_s: [60.0, 180.0],
+            base_per_s: 0.1,
+            peak_per_s: 1.0,
+            peak_hour: 14.0,
+            active_hours: [0.0, 24.0],
+            tokens: [64, 1024],
+        }
+    }
+}
+
+impl Default for Burst {
+    fn default() -> Self {
+        Burst { model: String::new(), start_h: 0.0, minutes: 10.0, rate_per_s: 1.0 }
+    }
+}
+
+const DEFAULT_QUEUE_WAIT_S: [f64; 2] = [30.0, 300.0];
+
+/// One spinnable model, checked: its policy and its demand.
+#[derive(Clone, Debug)]
+pub struct PlannedModel {
+    /// How it spins.
+    pub policy: ModelPolicy,
+    /// What it is asked for.
+    pub demand: ModelDemand,
+}
+
+impl PlannedModel {
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.policy.spec.name
+    }
+}
+
+/// `[spin]`, checked: what the simulated spinner runs with.
+#[derive(Clone, Debug)]
+pub struct SpinPlan {
+    /// Between two periodic decisions.
+    pub interval: Duration,
+    /// Limits over all models.
+    pub limits: SpinConfig,
+    /// The cold-start queue of each gateway and model.
+    pub cold_start: ColdStart,
+    /// Every partition with all its nodes free, in the order written.
+    pub shapes: Vec<NodeShape>,
+    /// Per partition: the queue wait range in seconds.
+    pub queue_wait_s: Vec<[f64; 2]>,
+    /// The models, in the order written.
+    pub models: Vec<PlannedModel>,
+}
+
+impl Spin {
+    /// Whether spinning is on.
+    pub fn enabled(&self) -> bool {
+        !self.model.is_empty()
+    }
+
+    /// Checks the section with the gateway's rules and the simulation's own; the error says
+    /// which key is wrong and why.
+    pub fn plan(&self) -> Result<SpinPlan, String> {
+        let s = self;
+        let interval = positive("spin.interval", s.interval, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        let limits = limits(s.max_concurrent_jobs, s.budget.as_ref()).map_err(|e| e.to_string())?;
+        let cold_start = ColdStartSection::resolve(s.cold_start.as_ref()).map_err(|e| e.to_string())?;
+        if s.partition.is_empty() {
+            return Err("spin.partition: at least one [[spin.partition]] is needed to place the models".into());
+        }
+        let mut shapes: Vec<NodeShape> = Vec::new();
+        for p in &s.partition {
+            let (_, hardware) = p.hardware().map_err(|e| e.to_string())?;
+            if shapes.iter().any(|q| q.name == p.name) {
+                return Err(format!("spin.partition[{}]: is defined twice", p.name));
+            }
+            shapes.push(NodeShape::new(p.name.clone(), hardware, p.nodes));
+        }
+        let mut queue_wait_s = vec![DEFAULT_QUEUE_WAIT_S; shapes.len()];
+        for q in &s.queue {
+            let Some(i) = shapes.iter().position(|p| p.name == q.partition) else {
+                return Err(format!("spin.queue names partition '{}', which is not a [[spin.partition]]", q.partition));
+            };
+            if q.wait_s[0] > q.wait_s[1] || q.wait_s[0] < 0.0 {
+                return Err(format!("spin.queue[{}].wait_s: must be [low, high] with 0 <= low <= high", q.partition));
+            }
+            queue_wait_s[i] = q.wait_s;
+        }
+        let mut models: Vec<PlannedModel> = Vec::new();
+        for m in &s.model {
+            let policy = m.policy(&shapes).map_err(|e| e.to_string())?;
+            if m.drain_window.is_some() {
+                return Err(format!(
+                    "{}: the simulator tells every job to drain protocol.drain_window_s before its walltime; set that instead",
+                    m.key("drain_window")
+                ));
+            }
+            if models.iter().any(|o| o.name() == m.name) {
+                return Err(format!("spin.model[{}]: is defined twice", m.name));
+            }
+            let demand = s.demand.iter().find(|d| d.model == m.name).cloned();
+            let demand = demand.unwrap_or_else(|| ModelDemand { model: m.name.clone(), ..ModelDemand::default() });
+            let [from, to] = demand.active_hours;
+            if !(0.0..=24.0).contains(&from) || !(0.0..=24.0).contains(&to) || from > to {
+                return Err(format!("spin.demand[{}].active_hours: must be [from, to] within 0..=24", m.name));
+            }
+            if demand.tokens[0] > demand.tokens[1] || demand.base_per_s > demand.peak_per_s {
+                return Err(format!("spin.demand[{}]: need tokens [low, high] and base_per_s <= peak_per_s", m.name));
+            }
+            models.push(PlannedModel { policy, demand });
+        }
+        let named = |name: &str| s.model.iter().any(|m| m.name == name);
+        if let Some(d) = s.demand.iter().find(|d| !named(&d.model)) {
+            return Err(format!("spin.demand names model '{}', which is not a [[spin.model]]", d.model));
+        }
+        if let Some(b) = s.burst.iter().find(|b| !named(&b.model)) {
+            return Err(format!("spin.burst names model '{}', which is not a [[spin.model]]", b.model));
+        }
+        // The core's own checks, for anything the ones above do not cover.
+        tela_core::Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
+            .map_err(|e| format!("spin.model: {e}"))?;
+        Ok(SpinPlan { interval, limits, cold_start, shapes, queue_wait_s, models })
+    }
+
+    /// Checks the spinning section of a scenario whose engines stream `workload.tokens_per_s`;
+    /// the error says what is wrong.
+    pub(super) fn validate(&self, workload: &Workload) -> Result<(), String> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        self.plan()?;
+        if workload.tokens_per_s <= 0.0 {
+            return Err("workload.tokens_per_s must be above zero".into());
+        }
+        Ok(())
+    }
+}
