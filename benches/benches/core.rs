@@ -4,8 +4,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Benchmark
 use std::sync::Arc;
 use std::time::Duration;
 use tela_benches::{model_name, record, registry, registry_record};
-use tela_core::wire::{self, Builder, MAX_DATAGRAM};
-use tela_core::{auth, Identity, Lifecycle, Model, ModelSet, Record, Time, Verifier};
+use tela_core::harness::wire::{self, Builder};
+use tela_core::{Identity, Lifecycle, Model, ModelSet, Record, Time, Verifier, MAX_DATAGRAM};
 
 /// Nodes in the registry of the merge and lookup benches.
 const NODES: u64 = 10_000;
@@ -117,7 +117,7 @@ fn auth(c: &mut Criterion) {
         b.iter_batched(|| r.clone(), |mut r| owner.seal(black_box(&mut r)), BatchSize::SmallInput)
     });
     let verifier = Verifier::strict();
-    group.bench_function("check_record", |b| b.iter(|| auth::check(black_box(&r), &verifier)));
+    group.bench_function("check_record", |b| b.iter(|| verifier.check(black_box(&r))));
     group.finish();
 }
 

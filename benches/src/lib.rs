@@ -6,9 +6,9 @@
 //! - **merge** — [`Replica::merge`] of a record whose heartbeat advanced (the common gossip case)
 //!   into a registry of 10,000 nodes, and a raw [`Record::join`] of two versions of one
 //!   generation; reported as merges per second;
-//! - **datagram** — filling a [`tela_core::wire::Builder`] with records (two models each, public
+//! - **datagram** — filling a [`tela_core::harness::wire::Builder`] with records (two models each, public
 //!   address) until it is full, finishing it and decoding it again with
-//!   [`tela_core::wire::decode`]; reported in bytes per second and time per full datagram;
+//!   [`tela_core::harness::wire::decode`]; reported in bytes per second and time per full datagram;
 //! - **lookup** — [`Replica::serving`] in a registry of 10,000 nodes whose models are spread over
 //!   [`MODEL_NAMES`] names (about 500 hosts per model), and the lookup of a model nobody hosts.
 //!

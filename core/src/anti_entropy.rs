@@ -2,7 +2,7 @@
 //! and brings a joining node the registry.
 //!
 //! The registry is split into buckets by node id ([`bucket_of`]); each replica keeps, per
-//! bucket, the XOR of a hash of every record's version and content ([`sync_hash`]), updated on
+//! bucket, the XOR of a hash of every record's version and content ([`Slot::sync_hash`]), updated on
 //! every merge. An exchange between an initiator A and a peer B:
 //!
 //! 1. A sends its bucket hashes ([`Message::Buckets`]; `count` buckets, a power of two chosen
@@ -22,7 +22,7 @@
 //! answers at most [`MAX_SERVED_PER_SECOND`] exchanges a second and ignores the rest, which
 //! caps the work a crowd of joiners can put on one anchor.
 //!
-//! Both sides hash with the same function ([`sync_hash`]), fixed for a given wire version.
+//! Both sides hash with the same function ([`Slot::sync_hash`]), fixed for a given wire version.
 //!
 //! Peers are picked among the living, so after a partition that outlasted the
 //! suspicion timeout each side holds the other DOWN and neither would ever pick the other.
@@ -41,7 +41,7 @@
 use crate::id::NodeId;
 use crate::node::Node;
 #[cfg(doc)]
-use crate::replica::sync_hash;
+use crate::replica::Slot;
 use crate::replica::{bucket_of, BUCKETS};
 use crate::time::Time;
 use crate::timer::Timer;
@@ -52,27 +52,27 @@ use core::time::Duration;
 use std::collections::BTreeMap;
 
 /// Records per bucket the bucket count aims at.
-pub const RECORDS_PER_BUCKET: usize = 16;
+pub(crate) const RECORDS_PER_BUCKET: usize = 16;
 /// Most datagrams of entries, records or wants one side sends in one exchange.
-pub const MAX_EXCHANGE_DATAGRAMS: usize = 8;
+pub(crate) const MAX_EXCHANGE_DATAGRAMS: usize = 8;
 /// Delay before the next exchange with the same peer when the last one found differences.
-pub const FOLLOW_UP: Duration = Duration::from_millis(250);
+pub(crate) const FOLLOW_UP: Duration = Duration::from_millis(250);
 /// A [`crate::wire::Message::Records`] of more records than this is a bulk transfer, whose
 /// news the membership does not piggyback on (see [`crate::membership`]).
-pub const BULK_RECORDS: usize = 3;
+pub(crate) const BULK_RECORDS: usize = 3;
 /// Records found differing in one exchange above which the next exchange with the same peer
 /// follows after [`FOLLOW_UP`].
-pub const FOLLOW_UP_RECORDS: usize = 16;
+pub(crate) const FOLLOW_UP_RECORDS: usize = 16;
 /// Exchanges a node answers per second; more are ignored.
-pub const MAX_SERVED_PER_SECOND: u32 = 8;
+pub(crate) const MAX_SERVED_PER_SECOND: u32 = 8;
 /// How often a node also runs an exchange with a random member it holds DOWN and
 /// can reach, besides its usual one (see the module docs).
-pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const RECONNECT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Bucket count for a registry of `n` records exchanged in datagrams of `max_datagram` bytes: a
 /// power of two, at most [`BUCKETS`], with about [`RECORDS_PER_BUCKET`] records a bucket, fewer
 /// if need be so that a bucket's entries fill at most half a datagram.
-pub fn bucket_count(n: usize, max_datagram: usize) -> usize {
+pub(crate) fn bucket_count(n: usize, max_datagram: usize) -> usize {
     let per_datagram = EntriesBuilder::entries_per_datagram(max_datagram);
     let per_bucket = RECORDS_PER_BUCKET.min(per_datagram / 2).max(1);
     (n / per_bucket).clamp(1, BUCKETS).next_power_of_two().min(BUCKETS)

@@ -1,49 +1,5 @@
 //! Authenticity of records: only a record's owner writes it, and others add only DOWN marks.
-//!
-//! # What is signed
-//!
-//! Every [`Record`] carries a [`Seal`]: its owner's Ed25519 public key and the owner's signature
-//! over every field the owner writes — id, generation, the owner's lifecycle state, heartbeat,
-//! role, models, hardware, reachability and load (see [`owner_message`]). A node re-signs its
-//! record whenever it changes it. The key is bound to the id: a production node's [`NodeId`] is
-//! the first 16 bytes of the SHA-256 of its raw 32-byte public key ([`node_id_of`]), the same
-//! rule the transports use for TLS identities, so nobody can sign for an id that is not theirs.
-//!
-//! # What others may add
-//!
-//! The lattice has one monotone mark that another node may set: DOWN by failure detection. A
-//! [`DownMark`] carries the confirmer's id, public key and signature over (target id, target
-//! generation, the target's heartbeat the confirmer last saw) — its evidence. A record with a
-//! mark is DOWN (or LEFT, if its owner said so) in that generation whatever its owner signed,
-//! which is how "a node marked DOWN cannot come back in the same generation" survives signing:
-//! the owner refutes by starting a new generation, which no mark of the old one touches. The
-//! owner's own signed state is kept next to the mark ([`MarkedDown::owner_state`]) so that the
-//! owner's signature can still be checked.
-//!
-//! # Checking
-//!
-//! [`check`] accepts a record only if the owner's key owns the id, the owner's signature covers
-//! exactly the owner's fields, the visible state is what the owner's state and the mark make it,
-//! and the mark (if any) is signed by a key that owns the confirmer's id. Anything else is a
-//! [`Forgery`]; [`crate::Node`] drops it, counts it in [`crate::Stats::records_forged`] or
-//! [`crate::Stats::marks_forged`], and leaves its replica untouched. The node checks only records
-//! that would change its replica (it compares versions first), so the cost follows the news,
-//! not the traffic.
-//!
-//! # How a runtime passes its key
-//!
-//! A runtime builds its [`crate::Config`] with [`crate::Config::with_identity`] from
-//! [`Identity::from_secret`], the 32-byte Ed25519 secret of the node's persistent identity key;
-//! the node id then follows from the key, and peers are checked with the strict [`Verifier`].
-//! [`crate::Config::new`] instead gives a node a *test identity* ([`Identity::for_test`]): a key
-//! anyone can compute from a [`NodeId::from_u64`] id, accepted only by the verifier
-//! [`Verifier::with_test_identities`] that it installs. Tests and the simulator use it; it never
-//! lets a key speak for an id derived from another key, because ids that are not test ids are
-//! always checked against the SHA-256 rule.
-//!
-//! A simulator running thousands of nodes in one process can share one memoizing [`Verify`]
-//! among them (every node checks the same bytes once per record change); it must still verify
-//! for real the first time it sees them.
+//! The rules are on [`Verifier`], which checks them.
 
 use crate::id::NodeId;
 use crate::record::{Lifecycle, Record};
@@ -64,7 +20,7 @@ const MARK_DOMAIN: &[u8] = b"tela down mark v1\0";
 const TEST_KEY_DOMAIN: &[u8] = b"tela test identity v1\0";
 
 /// The id a public key owns: the first 16 bytes of its SHA-256.
-pub fn node_id_of(key: &PublicKey) -> NodeId {
+pub(crate) fn node_id_of(key: &PublicKey) -> NodeId {
     let digest = Sha256::digest(key);
     let mut id = [0u8; 16];
     id.copy_from_slice(&digest[..16]);
@@ -73,7 +29,7 @@ pub fn node_id_of(key: &PublicKey) -> NodeId {
 
 /// True for ids made by [`NodeId::from_u64`] (eight leading zero bytes), which no SHA-256-derived
 /// id has in practice (a chance of 2⁻⁶⁴).
-pub fn is_test_id(id: &NodeId) -> bool {
+pub(crate) fn is_test_id(id: &NodeId) -> bool {
     id.0[..8] == [0; 8]
 }
 
@@ -132,7 +88,8 @@ impl<'de> Deserialize<'de> for SignatureBytes {
 pub struct Seal {
     /// The owner's Ed25519 public key.
     pub key: PublicKey,
-    /// The owner's signature of [`owner_message`].
+    /// The owner's signature over the owner's fields: id, generation, the owner's lifecycle
+    /// state, heartbeat, role, models, hardware, reachability and load.
     pub signature: SignatureBytes,
 }
 
@@ -157,7 +114,7 @@ pub struct DownMark {
     pub by: NodeId,
     /// The confirmer's public key; it must own `by`.
     pub key: PublicKey,
-    /// The confirmer's signature of [`mark_message`].
+    /// The confirmer's signature over the target's id and generation and `heartbeat`.
     pub signature: SignatureBytes,
 }
 
@@ -205,7 +162,7 @@ pub struct Identity {
 
 impl Identity {
     /// The identity of an Ed25519 secret key (its 32-byte seed); the id follows from the public
-    /// key ([`node_id_of`]). This is what production nodes use.
+    /// key (the first 16 bytes of its SHA-256). This is what production nodes use.
     pub fn from_secret(secret: &[u8; 32]) -> Identity {
         let key = SigningKey::from_bytes(secret);
         let id = node_id_of(key.verifying_key().as_bytes());
@@ -321,6 +278,51 @@ impl Verify for Strict {
 }
 
 /// The verifier a node uses, shareable between nodes.
+///
+/// # What is signed
+///
+/// Every [`Record`] carries a [`Seal`]: its owner's Ed25519 public key and the owner's signature
+/// over every field the owner writes — id, generation, the owner's lifecycle state, heartbeat,
+/// role, models, hardware, reachability and load. A node re-signs its record whenever it changes
+/// it. The key is bound to the id: a production node's [`NodeId`] is the first 16 bytes of the
+/// SHA-256 of its raw 32-byte public key, the same rule the transports use for TLS identities, so
+/// nobody can sign for an id that is not theirs.
+///
+/// # What others may add
+///
+/// The lattice has one monotone mark that another node may set: DOWN by failure detection. A
+/// [`DownMark`] carries the confirmer's id, public key and signature over (target id, target
+/// generation, the target's heartbeat the confirmer last saw) — its evidence. A record with a
+/// mark is DOWN (or LEFT, if its owner said so) in that generation whatever its owner signed,
+/// which is how "a node marked DOWN cannot come back in the same generation" survives signing:
+/// the owner refutes by starting a new generation, which no mark of the old one touches. The
+/// owner's own signed state is kept next to the mark ([`MarkedDown::owner_state`]) so that the
+/// owner's signature can still be checked.
+///
+/// # Checking
+///
+/// [`Verifier::check`] accepts a record only if the owner's key owns the id, the owner's
+/// signature covers exactly the owner's fields, the visible state is what the owner's state and
+/// the mark make it, and the mark (if any) is signed by a key that owns the confirmer's id. Anything else is a
+/// [`Forgery`]; [`crate::Node`] drops it, counts it in [`crate::Stats::records_forged`] or
+/// [`crate::Stats::marks_forged`], and leaves its replica untouched. The node checks only records
+/// that would change its replica (it compares versions first), so the cost follows the news,
+/// not the traffic.
+///
+/// # How a runtime passes its key
+///
+/// A runtime builds its [`crate::Config`] with [`crate::Config::with_identity`] from
+/// [`Identity::from_secret`], the 32-byte Ed25519 secret of the node's persistent identity key;
+/// the node id then follows from the key, and peers are checked with [`Verifier::strict`].
+/// [`crate::Config::new`] instead gives a node a *test identity* ([`Identity::for_test`]): a key
+/// anyone can compute from a [`NodeId::from_u64`] id, accepted only by the verifier
+/// [`Verifier::with_test_identities`] that it installs. Tests and the simulator use it; it never
+/// lets a key speak for an id derived from another key, because ids that are not test ids are
+/// always checked against the SHA-256 rule.
+///
+/// A simulator running thousands of nodes in one process can share one memoizing [`Verify`]
+/// among them (every node checks the same bytes once per record change); it must still verify
+/// for real the first time it sees them.
 #[derive(Clone)]
 pub struct Verifier(Arc<dyn Verify>);
 
@@ -344,6 +346,12 @@ impl Verifier {
     /// Runs the check.
     pub fn verify(&self, signer: &NodeId, key: &PublicKey, message: &[u8], signature: &SignatureBytes) -> bool {
         self.0.verify(signer, key, message, signature)
+    }
+
+    /// Checks a record as a node does before merging it (see "Checking" above); anything else
+    /// than `Ok` is a [`Forgery`].
+    pub fn check(&self, record: &Record) -> Result<(), Forgery> {
+        check(record, self)
     }
 }
 
@@ -376,14 +384,14 @@ pub enum Forgery {
     Mark,
 }
 
-/// Checks a record received from a peer; see the module docs.
-pub fn check(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
+/// Checks a record received from a peer; see [`Verifier`].
+pub(crate) fn check(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
     check_owner(record, verifier)?;
     check_marks(record, verifier)
 }
 
 /// The owner's part: key binding and signature.
-pub fn check_owner(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
+pub(crate) fn check_owner(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
     let seal = &record.seal;
     if verifier.verify(&record.id, &seal.key, &owner_message(record), &seal.signature) {
         Ok(())
@@ -393,7 +401,7 @@ pub fn check_owner(record: &Record, verifier: &Verifier) -> Result<(), Forgery> 
 }
 
 /// The parts others add: the state's consistency with the mark, and the mark's signature.
-pub fn check_marks(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
+pub(crate) fn check_marks(record: &Record, verifier: &Verifier) -> Result<(), Forgery> {
     let Some(down) = &record.down else { return Ok(()) };
     if record.state != down.owner_state.max(Lifecycle::Down) {
         return Err(Forgery::State);

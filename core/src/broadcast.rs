@@ -41,7 +41,7 @@ use core::cmp::Reverse;
 use std::collections::BTreeMap;
 
 /// Something the [`BroadcastQueue`] can carry.
-pub trait Update {
+pub(crate) trait Update {
     /// The node the update is about; the queue holds at most one update per key.
     fn key(&self) -> NodeId;
     /// True if `self` already carries everything `other` (same key) does, so `other` is
@@ -58,7 +58,7 @@ pub trait Update {
 /// ([`crate::wire::Piggyback::Have`]): by then most receivers hold it, and the few that do
 /// not fetch it from whoever announced it (Plumtree's eager and lazy push).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordUpdate {
+pub(crate) struct RecordUpdate {
     record: SharedRecord,
     encoded: Bytes,
     eager: u32,
@@ -66,8 +66,9 @@ pub struct RecordUpdate {
 }
 
 impl RecordUpdate {
+    #[cfg(test)]
     /// Encodes `record` once for all the datagrams it will ride on, always sent whole.
-    pub fn new(record: SharedRecord) -> Result<RecordUpdate, postcard::Error> {
+    pub(crate) fn new(record: SharedRecord) -> Result<RecordUpdate, postcard::Error> {
         let encoded = Bytes::from(postcard::to_allocvec(&*record)?);
         Ok(RecordUpdate::with_encoding(record, encoded, u32::MAX))
     }
@@ -86,22 +87,23 @@ impl RecordUpdate {
     }
 
     /// True if the update goes whole after `sends` sends, false if it is only announced.
-    pub fn is_eager(&self, sends: u32) -> bool {
+    pub(crate) fn is_eager(&self, sends: u32) -> bool {
         sends < self.eager
     }
 
     /// The announcement of the record: its id and version.
-    pub fn announcement(&self) -> crate::wire::Piggyback {
+    pub(crate) fn announcement(&self) -> crate::wire::Piggyback {
         crate::wire::Piggyback::Have { id: self.record.id, version: self.record.version() }
     }
 
+    #[cfg(test)]
     /// The record.
-    pub fn record(&self) -> &SharedRecord {
+    pub(crate) fn record(&self) -> &SharedRecord {
         &self.record
     }
 
     /// The bytes the record takes on the wire.
-    pub fn encoded(&self) -> &Bytes {
+    pub(crate) fn encoded(&self) -> &Bytes {
         &self.encoded
     }
 }
@@ -126,7 +128,7 @@ impl Update for RecordUpdate {
 
 /// What [`BroadcastQueue::push`] did with an update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Queued {
+pub(crate) enum Queued {
     /// Nothing was queued for its key; it is now.
     Added,
     /// It replaced an older update for the same key, which will not be sent again.
@@ -155,7 +157,7 @@ const MAX_SKIPS: usize = 16;
 /// Every node of a large federation holds one, full during a join storm, so the items are kept
 /// once, in a slab, and both the key index and the send order point into it with slab numbers.
 #[derive(Clone, Debug)]
-pub struct BroadcastQueue<T> {
+pub(crate) struct BroadcastQueue<T> {
     lambda: f64,
     /// Count sends per decade of cluster size (`lambda · ceil(log10(n + 1))`, memberlist's
     /// limit) instead of per doubling.
@@ -184,7 +186,7 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// An empty queue: each item sent at most `ceil(lambda · log2(n + 1))` times (at least once;
     /// a negative or non-finite `lambda` counts as zero), at most `capacity` items (at least one).
-    pub fn new(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
+    pub(crate) fn new(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
         BroadcastQueue {
             lambda: if lambda.is_finite() { lambda.max(0.0) } else { 0.0 },
             decades: false,
@@ -201,12 +203,12 @@ impl<T: Update> BroadcastQueue<T> {
     /// An empty queue whose items are each sent at most `lambda · ceil(log10(n + 1))` times
     /// (memberlist's retransmit limit): fewer sends than [`BroadcastQueue::new`]'s, for large
     /// items whose spreading is backed by anti-entropy.
-    pub fn per_decade(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
+    pub(crate) fn per_decade(lambda: f64, capacity: usize) -> BroadcastQueue<T> {
         BroadcastQueue { decades: true, ..BroadcastQueue::new(lambda, capacity) }
     }
 
     /// How many times one item is sent in a cluster of `cluster_size` nodes (at least 1).
-    pub fn transmit_limit(&self, cluster_size: usize) -> u32 {
+    pub(crate) fn transmit_limit(&self, cluster_size: usize) -> u32 {
         let n = u64::try_from(cluster_size).unwrap_or(u64::MAX).saturating_add(1);
         let log = if self.decades {
             // ceil(log10 n) is the number of decimal digits of n - 1, exact for every n.
@@ -221,7 +223,7 @@ impl<T: Update> BroadcastQueue<T> {
 
     /// Queues `item`, replacing an older update for the same key or dropping `item` if the queued
     /// one covers it. When the queue is full the most-sent item is evicted to make room.
-    pub fn push(&mut self, item: T) -> Queued {
+    pub(crate) fn push(&mut self, item: T) -> Queued {
         let key = item.key();
         let seq = self.next_seq;
         if let Some(at) = self.position(&key) {
@@ -257,7 +259,7 @@ impl<T: Update> BroadcastQueue<T> {
     /// Each picked item counts one transmission; an item that reaches the limit for
     /// `cluster_size` nodes leaves the queue. Items already over the limit (the cluster shrank)
     /// are dropped without being sent.
-    pub fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T, u32)) -> usize {
+    pub(crate) fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T, u32)) -> usize {
         let limit = self.transmit_limit(cluster_size);
         while let Some((&(sends, _), &at)) = self.order.last_key_value() {
             if sends < limit {
@@ -299,7 +301,7 @@ impl<T: Update> BroadcastQueue<T> {
     }
 
     /// Removes the update queued for `key` (the node left and was forgotten, say).
-    pub fn remove(&mut self, key: &NodeId) -> Option<T> {
+    pub(crate) fn remove(&mut self, key: &NodeId) -> Option<T> {
         let at = self.position(key)?;
         let e = self.vacate(at)?;
         self.order.remove(&(e.sends, Reverse(e.seq)));
@@ -307,33 +309,32 @@ impl<T: Update> BroadcastQueue<T> {
         Some(e.item)
     }
 
+    #[cfg(test)]
     /// The update queued for `key`.
-    pub fn get(&self, key: &NodeId) -> Option<&T> {
+    pub(crate) fn get(&self, key: &NodeId) -> Option<&T> {
         self.entry(key).map(|e| &e.item)
     }
 
+    #[cfg(test)]
     /// How many times the update queued for `key` has been handed out.
-    pub fn sends(&self, key: &NodeId) -> Option<u32> {
+    pub(crate) fn sends(&self, key: &NodeId) -> Option<u32> {
         self.entry(key).map(|e| e.sends)
     }
 
     /// Updates queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.index.len()
     }
 
+    #[cfg(test)]
     /// True when nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.index.len() == 0
     }
 
-    /// The most items the queue holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
+    #[cfg(test)]
     /// Updates evicted unsent-enough because the queue was full, since creation.
-    pub fn evicted(&self) -> u64 {
+    pub(crate) fn evicted(&self) -> u64 {
         self.evicted
     }
 
@@ -342,6 +343,7 @@ impl<T: Update> BroadcastQueue<T> {
         self.index.find(key, |n| key_in(&self.slab, n))
     }
 
+    #[cfg(test)]
     fn entry(&self, key: &NodeId) -> Option<&Entry<T>> {
         self.slab[self.position(key)? as usize].as_ref()
     }

@@ -50,7 +50,7 @@ pub enum Interconnect {
 
 /// Static facts about a catalog GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuSpec {
+pub(crate) struct GpuSpec {
     /// The model.
     pub model: GpuModel,
     /// Short lowercase name used in profiles and logs (`h100`).
@@ -66,7 +66,7 @@ pub struct GpuSpec {
 const GIB: u32 = 1024;
 
 /// The GPU catalog, fastest tier first.
-pub const GPU_CATALOG: &[GpuSpec] = &[
+pub(crate) const GPU_CATALOG: &[GpuSpec] = &[
     GpuSpec { model: GpuModel::Gh200, name: "gh200", vram_mib: 96 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
     GpuSpec { model: GpuModel::H200, name: "h200", vram_mib: 141 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
     GpuSpec { model: GpuModel::H100, name: "h100", vram_mib: 80 * GIB, interconnect: Interconnect::NvLink, tier: 1 },
@@ -111,7 +111,7 @@ pub const GPU_CATALOG: &[GpuSpec] = &[
 
 impl GpuModel {
     /// The catalog entry, if this is a catalog GPU.
-    pub fn spec(self) -> Option<&'static GpuSpec> {
+    pub(crate) fn spec(self) -> Option<&'static GpuSpec> {
         GPU_CATALOG.iter().find(|s| s.model == self)
     }
 

@@ -4,6 +4,11 @@
 //! One thread, one seeded RNG, deterministic for a given seed and sequence of calls. The
 //! large-scale, fault-rich simulator is `tela-sim`; this harness is for the core's own tests.
 //!
+//! It also opens two internals that production code never needs, for the tests, fuzzers,
+//! benchmarks and the simulator that craft or inspect datagrams: [`wire`] (the messages and
+//! their bounded encoders) and [`auth`] (the signed bytes and the key checks behind a
+//! [`Verifier`](crate::Verifier)).
+//!
 //! ```
 //! use tela_core::harness::Harness;
 //! use tela_core::{Config, Input, Model, NodeId, Reachability};
@@ -21,6 +26,20 @@
 //! h.run_for(Duration::from_secs(5));
 //! assert!(h.running().all(|n| h.node(n).replica().serving("m").to_vec() == [NodeId::from_u64(3)]));
 //! ```
+
+/// The wire format: every message a node sends, and the bounded encoders it fills datagrams with.
+pub mod wire {
+    pub use crate::wire::{
+        decode, encode_buckets, encode_piggyback, encode_unbounded, BucketEntry, Builder, EntriesBuilder, Message,
+        Piggyback, ProbeBuilder, WireItem,
+    };
+}
+
+/// What records' owners and DOWN marks sign, and the key checks a custom [`Verify`](crate::Verify)
+/// can reuse.
+pub mod auth {
+    pub use crate::auth::{mark_message, owner_message, CheckedKey, Strict};
+}
 
 use crate::id::NodeId;
 use crate::node::{Command, Config, Event, Input, Node, Output};

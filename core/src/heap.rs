@@ -1,21 +1,21 @@
-//! Where a node's memory goes: the heap bytes of its tables, by table.
-//!
-//! A simulator of 10,000 nodes holds 10^8 member entries, so a byte per entry is 100 MB; this
-//! is how to see which table the bytes are in before making one smaller. [`Node::heap_bytes`]
-//! adds up, for each table, what its allocations hold (capacity, not length: the slack of a
-//! grown `Vec` or hash table is memory too), from the sizes of the types it stores. It is an
-//! estimate of the allocator's view (allocator headers and B-tree node fill are modelled, not
-//! read), costs a walk over the node's small tables and none over its member entries, and
-//! changes nothing. Records themselves are not counted here: a replica holds them through
-//! shared handles ([`SharedRecord`](crate::SharedRecord)), and a pool shared by many nodes
-//! ([`crate::Interner`]) is the owner's to count.
-//!
-//! [`Node::heap_bytes`]: crate::Node::heap_bytes
+//! Where a node's memory goes: the heap bytes of its tables, by table ([`HeapBytes`]).
 
 use core::mem::size_of;
 use core::ops::{Add, AddAssign};
 
-/// A node's heap bytes by table (see the [module docs](self)).
+/// A node's heap bytes by table.
+///
+/// A simulator of 10,000 nodes holds 10^8 member entries, so a byte per entry is 100 MB; this
+/// is how to see which table the bytes are in before making one smaller. [`Node::heap_bytes`]
+/// adds up, for each table, what its allocations hold (capacity, not length: the slack of a
+/// grown `Vec` or hash table is memory too), from the sizes of the types it stores. It is an
+/// estimate of the allocator's view (allocator headers and B-tree node fill are modelled, not
+/// read), costs a walk over the node's small tables and none over its member entries, and
+/// changes nothing. Records themselves are not counted here: a replica holds them through
+/// shared handles ([`SharedRecord`](crate::SharedRecord)), and a pool shared by many nodes
+/// ([`crate::Interner`]) is the owner's to count.
+///
+/// [`Node::heap_bytes`]: crate::Node::heap_bytes
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapBytes {
     /// The replica's slots: one per member, a handle to its record and its local state.

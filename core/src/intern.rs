@@ -1,18 +1,18 @@
-//! Where the records a node merges from its peers are kept.
-//!
-//! A production node holds one replica, so every record it merges gets its own allocation and
-//! every update it queues for gossip its own encoding: that is [`Interner::default`]. A simulator
-//! runs thousands of replicas in one process, each holding a copy of nearly the same registry;
-//! with an [`Intern`] implementation shared by all of them ([`Interner::shared`]) equal records
-//! share one allocation and one encoding. Records are immutable once shared, and sharing only
-//! ever hands out a record *equal* to the one given, so no node can tell the difference.
+//! Where the records a node merges from its peers are kept ([`Intern`], [`Interner`]).
 
 use crate::record::{Record, SharedRecord};
 use bytes::Bytes;
 use core::fmt;
 use std::sync::Arc;
 
-/// A pool of shared records (see the [module docs](self)).
+/// A pool of shared records.
+///
+/// A production node holds one replica, so every record it merges gets its own allocation and
+/// every update it queues for gossip its own encoding: that is [`Interner::default`]. A simulator
+/// runs thousands of replicas in one process, each holding a copy of nearly the same registry;
+/// with an [`Intern`] implementation shared by all of them ([`Interner::shared`]) equal records
+/// share one allocation and one encoding. Records are immutable once shared, and sharing only
+/// ever hands out a record *equal* to the one given, so no node can tell the difference.
 pub trait Intern: Send + Sync + fmt::Debug {
     /// A shared handle to `record`, or to an equal record the pool holds already.
     fn record(&self, record: Record) -> SharedRecord;

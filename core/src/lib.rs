@@ -48,65 +48,106 @@
 //! assert_eq!(nodes[0].replica().serving("llama").to_vec(), [NodeId::from_u64(2)]);
 //! ```
 //!
-//! Modules by concept: [`record`] (the lattice), [`auth`] (owner signatures and DOWN marks),
-//! [`replica`] (the registry and its index), [`intern`] (records shared between replicas),
-//! [`wire`] (datagrams), [`routing`] (which node gets a request), [`lifecycle`] (the local state),
-//! [`membership`] (who is in the federation and how the registry spreads: SWIM probing, built on
-//! [`swim`] (failure detection), [`broadcast`] (piggybacked updates), [`anti_entropy`]
-//! (hashed-bucket repair) and [`peers`] (whom to send to)),
-//! [`hardware`] (GPU catalog and profiles), [`placement`] (which hardware a model runs on),
-//! [`spin`] (demand into batch jobs), [`cold_start`] (requests waiting for a first replica),
-//! [`spend`] (API keys' spend per gateway, the lattice that holds budgets across gateways),
-//! and `harness` (a multi-node test bench, behind the `harness` feature).
+//! # The facade, by group
+//!
+//! Everything public is listed here; the rest of the crate is internal.
+//!
+//! **Driving a node** (at the root). [`Node`] is the state machine, and its doc comment says how
+//! a runtime drives it: create it with [`Node::new`], feed each [`Input`] to
+//! [`Node::handle_input`] with the current [`Time`], then drain [`Node::poll_output`] — each
+//! [`Output`] a [`Transmit`] to send, an [`Event`] to pass on or a [`Command`] to carry out —
+//! until it returns the next deadline, and sleep until that deadline or the next input. A node
+//! is built from a [`Config`] ([`Config::validate`] refuses it with a [`ConfigError`]) whose
+//! [`MembershipSettings`] hold the failure detector's [`SwimConfig`] ([`SwimConfigError`]).
+//! [`NodeId`] names nodes; [`Stats`] and [`HeapBytes`] count what a node did and what it holds;
+//! an [`Interner`] (an [`Intern`] pool) lets the nodes of one process share equal records.
+//!
+//! **Records and the registry** (at the root). A node's [`Record`] ([`SharedRecord`] once
+//! shared, ordered by its [`Version`], refused as an [`InvalidRecord`] beyond [`MAX_MODELS`],
+//! [`MAX_MODEL_NAME`] or [`MAX_ADDR`]) says what the node is ([`Role`]; [`Hardware`]: a
+//! [`GpuModel`], its [`Interconnect`] and [`FabricId`], or a [`ProfileError`] for a profile that
+//! names none), how to reach it ([`Reachability`]), what it serves ([`Model`]s in a
+//! [`ModelSet`], each with its [`Quantization`]), how busy it is ([`Load`]) and where it stands
+//! ([`Lifecycle`]). [`Node::replica`] is the node's view of the federation: a [`Replica`] of
+//! [`Slot`]s that answers which nodes are [`Serving`] a model; [`Replica::merge`] is the
+//! lattice's join ([`Merged`]).
+//!
+//! **Authenticity** (at the root). An [`Identity`] seals its own record ([`Seal`]: a
+//! [`PublicKey`] and [`SignatureBytes`]) and marks failed nodes down ([`DownMark`], kept in a
+//! [`MarkedDown`]); a [`Verifier`] (built-in, or any [`Verify`]) checks both, and
+//! [`Verifier::check`] says what was forged ([`Forgery`]). The rules are on [`Verifier`].
+//!
+//! **Datagrams** (at the root). Every datagram is at most [`MAX_DATAGRAM`] bytes and starts with
+//! [`WIRE_VERSION`]; one that does not decode is an [`Event::Rejected`] with its
+//! [`DecodeError`], and the node's state is unchanged.
+//!
+//! **The request path's decisions** (a module each). [`routing`] picks the node for a request:
+//! [`routing::route`] and [`routing::route_with`] by a [`routing::RoutingPolicy`], keeping a
+//! conversation on one node by its [`routing::Prefix`]. [`retry`] decides whether a request that
+//! failed before its first byte moves to another node. [`cold_start`] holds requests for a model
+//! with no replica yet ([`cold_start::ColdStartQueue`]). [`spend`] is the lattice of API keys'
+//! spend that gateways exchange, in datagrams of their own.
+//!
+//! **Spinning and placement** (a module each). [`spin`] turns demand into batch jobs: a
+//! [`spin::Spinner`] decides from a [`spin::SpinView`] and returns [`spin::SpinCommand`]s, and
+//! [`spin::config`] is the `[spin]` configuration schema the gateway and the simulator share.
+//! [`placement`] decides which hardware a model runs on.
+//!
+//! With the `harness` feature (test tooling, off in production) `harness` adds a multi-node test
+//! bench and, in `harness::wire` and `harness::auth`, the wire messages and signature internals
+//! that tests, fuzzers, benchmarks and the simulator craft and inspect datagrams with.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// The facade above is the whole public API: anything else is `pub(crate)`, and no public
+// signature leaks a type users cannot name. (Without `harness` the items only it re-exports
+// are `pub` but unreachable, which is intended.)
+#![cfg_attr(feature = "harness", warn(unreachable_pub))]
+#![warn(unnameable_types)]
 
 mod answers;
-pub mod anti_entropy;
-pub mod auth;
-pub mod broadcast;
+mod anti_entropy;
+mod auth;
+mod broadcast;
 pub mod cold_start;
-pub mod hardware;
-pub mod heap;
-pub mod id;
-pub mod intern;
-pub mod lifecycle;
-pub mod membership;
-pub mod node;
-pub mod peers;
+mod hardware;
+mod heap;
+mod id;
+mod intern;
+mod lifecycle;
+mod membership;
+mod node;
+mod peers;
 pub mod placement;
-pub mod record;
-pub mod replica;
+mod record;
+mod replica;
 pub mod retry;
 pub mod routing;
 pub mod spend;
 pub mod spin;
-pub mod swim;
-pub mod time;
-pub mod timer;
-pub mod wire;
+mod swim;
+mod time;
+mod timer;
+mod wire;
 
 #[cfg(feature = "harness")]
 pub mod harness;
 
-pub use auth::{DownMark, Forgery, Identity, MarkedDown, Seal, Verifier, Verify};
-pub use broadcast::{BroadcastQueue, Queued, RecordUpdate, Update};
-pub use cold_start::{ColdStartQueue, Enqueued};
-pub use hardware::{FabricId, GpuModel, Hardware, Interconnect};
+pub use auth::{DownMark, Forgery, Identity, MarkedDown, PublicKey, Seal, SignatureBytes, Verifier, Verify};
+pub use hardware::{FabricId, GpuModel, Hardware, Interconnect, ProfileError};
 pub use heap::HeapBytes;
 pub use id::NodeId;
 pub use intern::{Intern, Interner};
 pub use membership::MembershipSettings;
 pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
-pub use placement::{place, ModelSpec, NoPlacement, NodeShape, Placement};
-pub use record::{Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version};
-pub use replica::Replica;
-pub use routing::{route, route_with, HostState, Prefix, PrefixHasher, RouteError, RoutingPolicy};
-pub use spin::{Demand, JobId, ModelPolicy, SpinCommand, SpinConfig, SpinView, Spinner};
-pub use swim::{Swim, SwimConfig};
+pub use record::{
+    InvalidRecord, Lifecycle, Load, Model, ModelSet, Quantization, Reachability, Record, Role, SharedRecord, Version,
+    MAX_ADDR, MAX_MODELS, MAX_MODEL_NAME,
+};
+pub use replica::{Merged, Replica, Serving, Slot};
+pub use swim::{SwimConfig, SwimConfigError};
 pub use time::Time;
-pub use wire::{DecodeError, Message, MAX_DATAGRAM};
+pub use wire::{DecodeError, MAX_DATAGRAM, WIRE_VERSION};
 
 /// Puts `item` into a slab whose holes `free` lists: into the last hole freed, or at the end.
 /// Returns its slab number.

@@ -137,9 +137,8 @@ pub struct MembershipSettings {
     /// each record `lambda · ceil(log10(n + 1))` times (memberlist's limit: records are large,
     /// and anti-entropy repairs what the epidemic misses).
     pub retransmit_mult: u32,
-    /// Times a record is pushed whole before it is only announced by version
-    /// ([`Piggyback::Have`](crate::wire::Piggyback::Have)); a receiver that lacks an announced
-    /// record fetches it from the announcer ([`Message::Fetch`](crate::wire::Message::Fetch)).
+    /// Times a record is pushed whole before it is only announced by its id and [`Version`](crate::Version); a
+    /// receiver that lacks an announced record fetches it from the announcer.
     /// Of a record's `lambda · ceil(log10(n + 1))` sends, the first few reach most nodes for the
     /// first time and the rest mostly nodes that hold it.
     pub eager_sends: u32,
@@ -149,7 +148,8 @@ pub struct MembershipSettings {
     pub answers_per_round: Option<usize>,
     /// Most updates each broadcast queue holds.
     pub queue_capacity: usize,
-    /// Time between anti-entropy exchanges ([`crate::anti_entropy`]) with one random peer.
+    /// Time between anti-entropy exchanges (hashed buckets of the registry compared and
+    /// repaired) with one random peer.
     pub anti_entropy_interval: Duration,
     /// The same for an outbound-only node (at most `anti_entropy_interval`). Nobody can gossip
     /// to it but its anchors; its pulls are answered only with what the peer still has queued,

@@ -9,7 +9,6 @@ use crate::lifecycle::Local;
 use crate::membership::Membership;
 use crate::record::{Lifecycle, Load, Model, Record, SharedRecord};
 use crate::replica::Replica;
-use crate::swim::Swim;
 use crate::time::Time;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::{self, DecodeError, MAX_DATAGRAM};
@@ -162,7 +161,7 @@ pub struct Stats {
     pub corrections_sent: u64,
     /// DOWN records sent to nodes held DOWN that sent something.
     pub down_notices: u64,
-    /// datagrams answering [`crate::wire::Message::Fetch`].
+    /// datagrams answering a peer's fetch of records it lacked.
     pub fetch_answers: u64,
     /// suspects told directly that this node suspects them.
     pub suspicion_notices: u64,
@@ -173,7 +172,8 @@ pub struct Stats {
     pub answers_dropped: u64,
     /// Datagrams of owed answers sent at the start of a gossip round.
     pub owed_answers_sent: u64,
-    /// Records refused because their owner did not sign them as they are ([`crate::auth`]).
+    /// Records refused because their owner did not sign them as they are
+    /// ([`Verifier::check`](crate::Verifier::check)).
     pub records_forged: u64,
     /// Records refused because of a DOWN mark that its confirmer did not sign, or a state that
     /// does not follow from the mark.
@@ -333,7 +333,7 @@ impl Node {
         Output::Timeout(self.timers.next_deadline())
     }
 
-    /// The heap bytes of this node's tables, by table ([`crate::heap`]).
+    /// The heap bytes of this node's tables, by table; see [`HeapBytes`].
     pub fn heap_bytes(&self) -> HeapBytes {
         let mut heap = HeapBytes::default();
         self.replica.heap_bytes(&mut heap);
@@ -363,12 +363,14 @@ impl Node {
         &self.config
     }
 
-    /// The failure detector.
-    pub fn swim(&self) -> &Swim {
-        &self.membership.detector
+    /// Whether the failure detector suspects `id` now: a suspicion raised and not yet refuted
+    /// or confirmed.
+    pub fn suspects(&self, id: &NodeId) -> bool {
+        self.membership.detector.is_suspect(id)
     }
 
-    /// Updates waiting to be piggybacked, as (records, suspicions).
+    /// Updates waiting to be piggybacked, as (records, suspicions); both run out once a quiet
+    /// federation has spread its news.
     pub fn swim_queued(&self) -> (usize, usize) {
         self.membership.queued()
     }

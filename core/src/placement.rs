@@ -7,7 +7,7 @@
 //! # Rules
 //!
 //! A variant *needs* its weights plus the KV headroom for the context wanted. A set of GPUs hosts
-//! it when their VRAM is at least [`VRAM_RATIO_PERCENT`]% (1.25×) of that need, spread evenly:
+//! it when their VRAM is at least 125% (1.25×) of that need, spread evenly:
 //! the 25% covers the engine's activations, CUDA context and allocator fragmentation.
 //!
 //! 1. **One GPU**, if one GPU of the shape has 1.25× the need.
@@ -59,7 +59,7 @@ use core::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The least VRAM a placement offers, in percent of the weights plus KV headroom it holds.
-pub const VRAM_RATIO_PERCENT: u64 = 125;
+pub(crate) const VRAM_RATIO_PERCENT: u64 = 125;
 
 const MIB: u64 = 1 << 20;
 
@@ -148,7 +148,7 @@ pub struct Variant {
     /// Weight format.
     pub quant: Quantization,
     /// Size of the weights in MiB when known (the checkpoint on disk); otherwise estimated from
-    /// the parameter count and [`bits_per_weight_x10`].
+    /// the parameter count and the bits per weight of `quant`.
     pub weights_mib: Option<u64>,
 }
 
@@ -174,7 +174,7 @@ impl Variant {
 /// 4-bit formats count 4.5 bits: group-wise scales and zero points add about a quarter bit, and
 /// embeddings and the output head usually stay in 16 bits. GGUF files mix formats per tensor and
 /// unknown formats have no rule: give their [`Variant::weights_mib`].
-pub fn bits_per_weight_x10(quant: Quantization) -> Option<u64> {
+pub(crate) fn bits_per_weight_x10(quant: Quantization) -> Option<u64> {
     match quant {
         Quantization::Fp32 => Some(320),
         Quantization::Bf16 | Quantization::Fp16 => Some(160),
@@ -417,7 +417,7 @@ fn gib(mib: u64) -> String {
 }
 
 /// VRAM `need_mib` requires at the 1.25 ratio, in MiB (rounded up).
-pub fn required_vram_mib(need_mib: u64) -> u64 {
+pub(crate) fn required_vram_mib(need_mib: u64) -> u64 {
     need_mib.saturating_mul(VRAM_RATIO_PERCENT).div_ceil(100)
 }
 

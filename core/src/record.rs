@@ -1,28 +1,5 @@
-//! Node records and the lattice merge that reconciles any two versions of one node's record.
-//!
-//! The merge `⊔` is the registry's only way to combine knowledge, so it must be a join
-//! semilattice — commutative, associative, idempotent — for replicas that see the same versions
-//! in any order, any number of times, to end up equal. The rules (DESIGN.md), as they stand now
-//! that only a record's owner writes it ([`crate::auth`]):
-//!
-//! 1. the higher [`Record::generation`] wins whole;
-//! 2. within one generation, the owner's latest signed version wins whole: the higher heartbeat,
-//!    then the later owner state, then (only for versions an owner should never have signed
-//!    twice) the larger remaining content and seal — a total order, so the pick is a max;
-//! 3. a DOWN mark by another node ([`crate::auth::DownMark`]) rides alongside, kept whatever the
-//!    owner's version, until a new generation; of two marks the larger wins. The visible
-//!    [`Record::state`] is the owner's state raised to DOWN when marked.
-//!
-//! Owners bump the heartbeat with every change and move their state and models only forward
-//! within a generation, so for honest owners rule 2 gives what the field-wise rules (state by
-//! `LEFT > DOWN > SERVE > JOIN`, heartbeat by max, models by union) gave before records were
-//! signed, while every merged record stays one its owner signed. The merge is the lexicographic
-//! product of a max (generation), a max over a total order (the owner's version) and a max over
-//! the marks of the winning generation — a semilattice; the proptests in this module check the
-//! laws on arbitrary records, signed and marked ones included.
-//!
-//! Consequences: a node marked DOWN cannot come back in the same generation, and a node withdraws
-//! a model or refutes a false DOWN only by starting a new generation.
+//! Node records and the lattice merge that reconciles any two versions of one node's record;
+//! the rules are on [`Record`].
 
 use crate::auth::{DownMark, MarkedDown, Seal};
 use crate::hardware::Hardware;
@@ -221,7 +198,7 @@ pub struct Load {
     pub queued: u32,
 }
 
-/// The summary of a record's position in the lattice, as announcements ([`crate::wire::Piggyback::Have`]) carry it.
+/// The summary of a record's position in the lattice, as announcements of a record carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Version {
     /// The record's generation.
@@ -244,6 +221,32 @@ impl Version {
 }
 
 /// One node's record: what every replica knows about that node.
+///
+/// # The merge
+///
+/// The merge `⊔` is the registry's only way to combine knowledge, so it must be a join
+/// semilattice — commutative, associative, idempotent — for replicas that see the same versions
+/// in any order, any number of times, to end up equal. The rules (DESIGN.md), as they stand now
+/// that only a record's owner writes it ([`Verifier`](crate::Verifier)):
+///
+/// 1. the higher [`Record::generation`] wins whole;
+/// 2. within one generation, the owner's latest signed version wins whole: the higher heartbeat,
+///    then the later owner state, then (only for versions an owner should never have signed
+///    twice) the larger remaining content and seal — a total order, so the pick is a max;
+/// 3. a DOWN mark by another node ([`DownMark`]) rides alongside, kept whatever the
+///    owner's version, until a new generation; of two marks the larger wins. The visible
+///    [`Record::state`] is the owner's state raised to DOWN when marked.
+///
+/// Owners bump the heartbeat with every change and move their state and models only forward
+/// within a generation, so for honest owners rule 2 gives what the field-wise rules (state by
+/// `LEFT > DOWN > SERVE > JOIN`, heartbeat by max, models by union) gave before records were
+/// signed, while every merged record stays one its owner signed. The merge is the lexicographic
+/// product of a max (generation), a max over a total order (the owner's version) and a max over
+/// the marks of the winning generation — a semilattice; the core's proptests check the
+/// laws on arbitrary records, signed and marked ones included.
+///
+/// Consequences: a node marked DOWN cannot come back in the same generation, and a node withdraws
+/// a model or refutes a false DOWN only by starting a new generation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Record {
     /// Whose record this is.
@@ -265,7 +268,7 @@ pub struct Record {
     pub reach: Reachability,
     /// Load at the last heartbeat.
     pub load: Load,
-    /// The owner's key and signature over the fields above ([`crate::auth`]).
+    /// The owner's key and signature over the fields above ([`Verifier::check`](crate::Verifier::check)).
     pub seal: Seal,
     /// DOWN by another node's failure detector, in this generation. Boxed: rare, and it would
     /// more than double the size of every record held.
@@ -316,11 +319,11 @@ impl Record {
     }
 
     /// True if both carry the same version as their owner signed it (marks aside), seal included.
-    pub fn same_owner_version(&self, other: &Record) -> bool {
+    pub(crate) fn same_owner_version(&self, other: &Record) -> bool {
         self.id == other.id && self.generation == other.generation && self.owner_cmp(other).is_eq()
     }
 
-    /// The total order on one generation's owner versions (rule 2 of the module docs).
+    /// The total order on one generation's owner versions (rule 2 of [`Record`]'s merge).
     fn owner_cmp(&self, other: &Record) -> core::cmp::Ordering {
         (
             self.heartbeat,
@@ -420,19 +423,19 @@ pub(crate) mod strategy {
     use proptest::prelude::*;
 
     /// Any lifecycle state.
-    pub fn lifecycle() -> impl Strategy<Value = Lifecycle> {
+    pub(crate) fn lifecycle() -> impl Strategy<Value = Lifecycle> {
         prop_oneof![Just(Lifecycle::Join), Just(Lifecycle::Serve), Just(Lifecycle::Down), Just(Lifecycle::Left)]
     }
 
     /// A small model set drawn from a few names, so that unions overlap and overflow.
-    pub fn models() -> impl Strategy<Value = ModelSet> {
+    pub(crate) fn models() -> impl Strategy<Value = ModelSet> {
         let quant = prop_oneof![Just(Quantization::Unknown), Just(Quantization::Fp16), Just(Quantization::Awq)];
         let model = ("[a-k]{1,3}", quant).prop_map(|(name, quant)| Model { name, quant });
         prop::collection::vec(model, 0..10).prop_map(ModelSet::from_models)
     }
 
     /// Hardware drawn from a few shapes.
-    pub fn hardware() -> impl Strategy<Value = Hardware> {
+    pub(crate) fn hardware() -> impl Strategy<Value = Hardware> {
         (0u8..3, 0u8..9, 0u32..3).prop_map(|(g, count, fabric)| Hardware {
             gpu: [GpuModel::None, GpuModel::H100, GpuModel::Rtx4090][g as usize],
             gpu_count: count,
@@ -443,7 +446,7 @@ pub(crate) mod strategy {
     }
 
     /// A record of node `id` with small generations and heartbeats so that versions collide.
-    pub fn record_of(id: NodeId) -> impl Strategy<Value = Record> {
+    pub(crate) fn record_of(id: NodeId) -> impl Strategy<Value = Record> {
         (
             0u64..3,
             lifecycle(),
@@ -471,7 +474,7 @@ pub(crate) mod strategy {
 
     /// A record of node `id` sealed by its test identity, DOWN-marked by one of two confirmers
     /// or not at all.
-    pub fn signed_record_of(id: NodeId) -> impl Strategy<Value = Record> {
+    pub(crate) fn signed_record_of(id: NodeId) -> impl Strategy<Value = Record> {
         (record_of(id), 0u8..3).prop_map(move |(mut r, mark)| {
             crate::auth::Identity::for_test(id).seal(&mut r);
             match mark {
@@ -484,7 +487,7 @@ pub(crate) mod strategy {
     }
 
     /// Unsigned, signed and signed-and-marked records of node `id`.
-    pub fn any_record_of(id: NodeId) -> impl Strategy<Value = Record> {
+    pub(crate) fn any_record_of(id: NodeId) -> impl Strategy<Value = Record> {
         prop_oneof![record_of(id), signed_record_of(id)]
     }
 }

@@ -1,19 +1,9 @@
 //! The registry: one replica of every node's record, merged through the lattice, with the
-//! "who serves model M" index that routing reads.
-//!
-//! Nothing dies of silence here: the failure detector ([`crate::membership`]) judges liveness,
-//! marks a suspect not alive ([`Replica::set_alive`]) and a confirmed failure DOWN through the
-//! lattice. No remote timestamp is ever compared with the local clock, so clock skew between
-//! institutions cannot make a node look dead or alive.
-//!
-//! A node is *routable* when it is alive, in state SERVE, has the serving role and lists at least
-//! one model. The replica keeps, per model name, the list of routable hosts, so a lookup is one
-//! hash probe and returns a slice regardless of the registry's size.
+//! "who serves model M" index that routing reads ([`Replica`]).
 
 use crate::id::{IdIndex, NodeId};
 use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
 use crate::time::Time;
-use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
 use std::collections::BTreeSet;
@@ -39,14 +29,10 @@ impl Slot {
         &self.record
     }
 
+    #[cfg(test)]
     /// Local time at which the merged record last changed here.
-    pub fn changed_at(&self) -> Time {
+    pub(crate) fn changed_at(&self) -> Time {
         self.changed_at
-    }
-
-    /// Hash of the record's models, hardware, reachability and role.
-    pub fn stamp(&self) -> u32 {
-        self.stamp
     }
 
     /// Alive: not suspected here by the failure detector, and not LEFT.
@@ -59,13 +45,13 @@ impl Slot {
         self.routable
     }
 
-    /// The record's [`sync_hash`], from the kept content stamp.
-    pub fn sync_hash(&self) -> u32 {
+    /// The record's [`sync_of`] hash, from the kept content stamp.
+    pub(crate) fn sync_hash(&self) -> u32 {
         sync_of(&self.record, self.stamp)
     }
 
     /// A tombstone past half its lifetime, no longer advertised ([`Replica::collect_tombstones`]).
-    pub fn is_retired(&self) -> bool {
+    pub(crate) fn is_retired(&self) -> bool {
         self.retired
     }
 }
@@ -129,7 +115,17 @@ pub struct Merged {
     pub routable: Option<bool>,
 }
 
-/// A full replica of the registry.
+/// A full replica of the registry: one record of every node, merged through the lattice
+/// ([`Replica::merge`]), with the "who serves model M" index that routing reads.
+///
+/// Nothing dies of silence here: the failure detector judges liveness, marks a suspect not
+/// alive ([`Slot::is_alive`]) and a confirmed failure DOWN through the lattice. No remote
+/// timestamp is ever compared with the local clock, so clock skew between institutions cannot
+/// make a node look dead or alive.
+///
+/// A node is *routable* when it is alive, in state SERVE, has the serving role and lists at least
+/// one model. The replica keeps, per model name, the list of routable hosts, so a lookup
+/// ([`Replica::serving`]) is one hash probe and returns a slice regardless of the registry's size.
 #[derive(Clone, Debug)]
 pub struct Replica {
     local: NodeId,
@@ -139,7 +135,7 @@ pub struct Replica {
     /// Per model name, the slot numbers of its routable hosts.
     hosts: HashMap<String, Vec<u32>, FixedState>,
     view: u64,
-    /// Anti-entropy hashes: per bucket of node ids, the XOR of [`sync_hash`] of its records.
+    /// Anti-entropy hashes: per bucket of node ids, the XOR of [`Slot::sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
     /// Slot numbers by anti-entropy bucket, so that an exchange touches the slots of the
     /// buckets it compares, not the whole registry.
@@ -175,38 +171,22 @@ impl Replica {
     }
 }
 
-/// What [`Replica::collect_tombstones`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Collected {
-    /// Tombstones that stopped being advertised.
-    pub retired: usize,
-    /// Tombstones deleted.
-    pub deleted: usize,
-    /// Watermark entries forgotten.
-    pub forgotten: usize,
-}
-
 /// Buckets the registry is split into for anti-entropy, by node id; exchanges use this many or
 /// fewer (a power of two), folding neighbours together.
-pub const BUCKETS: usize = 1024;
+pub(crate) const BUCKETS: usize = 1024;
 
 /// The anti-entropy bucket of `id` when the registry is split into `count` buckets (a power of
 /// two, at most [`BUCKETS`]). Buckets of a smaller count are unions of those of a larger one.
-pub fn bucket_of(id: &NodeId, count: usize) -> usize {
+pub(crate) fn bucket_of(id: &NodeId, count: usize) -> usize {
     debug_assert!(count.is_power_of_two() && count <= BUCKETS);
     use core::hash::BuildHasher;
     FixedState::default().hash_one(id) as usize & (count - 1)
 }
 
 /// Hash of what anti-entropy must make equal about one record: the version (with the
-/// heartbeat, which is the incarnation that refutes a suspicion) and the content. Load is left
-/// out: it is not spread by gossip.
-pub fn sync_hash(r: &Record) -> u32 {
-    sync_of(r, content_stamp(r))
-}
-
-/// [`sync_hash`] from the record's version and its content stamp, which slots keep: a merge
-/// that moves only the version does not hash the content again.
+/// heartbeat, which is the incarnation that refutes a suspicion) and the content, from its
+/// content stamp, which slots keep: a merge that moves only the version does not hash the
+/// content again. Load is left out: it is not spread by gossip.
 fn sync_of(r: &Record, stamp: u32) -> u32 {
     use core::hash::BuildHasher;
     FixedState::default().hash_one((r.id, r.generation, r.state, r.heartbeat, stamp)) as u32
@@ -229,10 +209,12 @@ fn id_in(slots: &[Slot], n: u32) -> Option<NodeId> {
     slots.get(n as usize).map(|s| s.record.id)
 }
 
+mod tombstones;
+
 impl Replica {
     /// A replica that holds the local node's own record. Nodes never die of silence in it: the
     /// failure detector marks failed nodes DOWN through the lattice, and only DOWN and LEFT
-    /// records (and a suspicion, [`Replica::set_alive`]) make a node unroutable.
+    /// records (and the failure detector's suspicion) make a node unroutable.
     pub fn new(local: Record, now: Time) -> Replica {
         let mut r = Replica {
             local: local.id,
@@ -249,11 +231,6 @@ impl Replica {
         };
         r.merge(now, Arc::new(local));
         r
-    }
-
-    /// The local node's id.
-    pub fn local_id(&self) -> NodeId {
-        self.local
     }
 
     /// The local node's record.
@@ -279,7 +256,7 @@ impl Replica {
 
     /// True if a record of `id` at `version` would add to what this replica holds: it holds an
     /// older version, or none and the GC watermark would not refuse it.
-    pub fn lacks(&self, id: &NodeId, version: &Version) -> bool {
+    pub(crate) fn lacks(&self, id: &NodeId, version: &Version) -> bool {
         match self.get(id) {
             Some(slot) => !slot.record.version().covers(version),
             None => !self.deleted.get(id).is_some_and(|(generation, _)| version.generation <= *generation),
@@ -287,7 +264,7 @@ impl Replica {
     }
 
     /// The position of `id`'s slot in [`Replica::slots`].
-    pub fn position(&self, id: &NodeId) -> Option<usize> {
+    pub(crate) fn position(&self, id: &NodeId) -> Option<usize> {
         self.slot_number(id).map(|i| i as usize)
     }
 
@@ -376,7 +353,7 @@ impl Replica {
     /// not routable, until the
     /// suspicion is lifted here or a newer heartbeat or generation of it is merged. Returns the
     /// routability flip, if any. The local node and LEFT nodes are left alone.
-    pub fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
+    pub(crate) fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
         let i = self.position(id)?;
         let slot = &mut self.slots[i];
         if slot.alive == alive || slot.record.id == self.local || slot.record.state == Lifecycle::Left {
@@ -429,7 +406,7 @@ impl Replica {
     }
 
     /// Replaces the local node's own record with a newer version the owner made.
-    pub fn set_local(&mut self, now: Time, record: Record) -> Merged {
+    pub(crate) fn set_local(&mut self, now: Time, record: Record) -> Merged {
         debug_assert_eq!(record.id, self.local);
         self.merge(now, Arc::new(record))
     }
@@ -441,99 +418,14 @@ impl Replica {
         self.view
     }
 
-    /// Ages LEFT records, which are tombstones keyed by (node, generation), and DOWN ones alike
-    /// (a node held DOWN that long is gone; Serf reaps failed members the same way): one that
-    /// has been LEFT or DOWN here for `ttl / 2` is retired — left out of the anti-entropy hashes
-    /// and entries, so nobody advertises it any more — and one unchanged for `ttl` is deleted,
-    /// its generation kept in the GC watermark for another `ttl` so that a stale peer's copy is
-    /// refused rather than merged back. `ttl` must be far longer than the longest partition
-    /// expected to heal: a node cut off for longer comes back only in a new generation.
-    ///
-    /// Looks only at the LEFT and DOWN records, not at every slot.
-    pub fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
-        let mut done = Collected::default();
-        let half = ttl / 2;
-        let due: Vec<NodeId> = self
-            .tombstones
-            .iter()
-            .chain(&self.downs)
-            .filter(|id| self.get(id).is_some_and(|slot| slot.changed_at + half <= now))
-            .copied()
-            .collect();
-        for id in due {
-            // Looked up afresh: each deletion moves the last slot into the deleted one's place.
-            let Some(i) = self.position(&id) else { continue };
-            let slot = &self.slots[i];
-            if !slot.retired {
-                self.buckets[bucket_of(&id, BUCKETS)] ^= slot.sync_hash();
-                self.slots[i].retired = true;
-                done.retired += 1;
-            }
-            let slot = &self.slots[i];
-            if slot.changed_at + ttl > now {
-                continue;
-            }
-            let generation = slot.record.generation;
-            self.tombstones.remove(&id);
-            self.downs.remove(&id);
-            self.view ^= view_hash(&slot.record);
-            self.deleted.insert(id, (generation, now));
-            let last = (self.slots.len() - 1) as u32;
-            self.index.forget(&id, i as u32);
-            let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
-            list.retain(|&s| s != i as u32);
-            // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
-            debug_assert!(!self.slots[i].routable);
-            self.slots.swap_remove(i);
-            if let Some(moved) = self.slots.get(i) {
-                self.index.renumber(&moved.record.id, last, i as u32);
-                let renumber = |list: &mut Vec<u32>| {
-                    if let Some(s) = list.iter_mut().find(|s| **s == last) {
-                        *s = i as u32;
-                    }
-                };
-                renumber(&mut self.by_bucket[bucket_of(&moved.record.id, BUCKETS)]);
-                if moved.routable {
-                    for m in moved.record.models.as_slice() {
-                        if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
-                            renumber(list);
-                        }
-                    }
-                }
-            }
-            done.deleted += 1;
-        }
-        let before = self.deleted.len();
-        self.deleted.retain(|_, (_, at)| *at + ttl > now);
-        done.forgotten = before - self.deleted.len();
-        done
-    }
-
-    /// Keeps `id` in `tombstones` exactly while its stored record is LEFT and in `downs` while
-    /// it is DOWN, given the stored state before and after a merge (each set is touched only
-    /// when either state is its own). [`Replica::collect_tombstones`], which deletes slots,
-    /// takes the deleted ids out of both.
-    fn note_state(&mut self, id: NodeId, before: Option<Lifecycle>, after: Lifecycle) {
-        if id == self.local || before == Some(after) {
-            return;
-        }
-        for (state, set) in [(Lifecycle::Left, &mut self.tombstones), (Lifecycle::Down, &mut self.downs)] {
-            if after == state {
-                set.insert(id);
-            } else if before == Some(state) {
-                set.remove(&id);
-            }
-        }
-    }
-
     /// The nodes whose stored record is DOWN (in their current generation), in id order.
-    pub fn down_ids(&self) -> &BTreeSet<NodeId> {
+    pub(crate) fn down_ids(&self) -> &BTreeSet<NodeId> {
         &self.downs
     }
 
     /// The numbers of the slots (positions in [`Replica::slots`]) whose records fall in the given
     /// buckets of a split into `count` (a power of two, at most [`BUCKETS`]), ascending.
-    pub fn slots_in_buckets(&self, count: usize, buckets: &[u16]) -> Vec<u32> {
+    pub(crate) fn slots_in_buckets(&self, count: usize, buckets: &[u16]) -> Vec<u32> {
         debug_assert!(count.is_power_of_two() && count <= BUCKETS);
         let mut out = Vec::new();
         for &b in buckets.iter().filter(|&&b| usize::from(b) < count) {
@@ -548,7 +440,7 @@ impl Replica {
     }
 
     /// The slot number of `id`'s record, if held.
-    pub fn slot_number(&self, id: &NodeId) -> Option<u32> {
+    pub(crate) fn slot_number(&self, id: &NodeId) -> Option<u32> {
         self.index.find(id, |m| id_in(&self.slots, m))
     }
 
@@ -557,15 +449,16 @@ impl Replica {
         self.resurrections_refused
     }
 
+    #[cfg(test)]
     /// Deleted tombstones still remembered in the GC watermark.
-    pub fn watermark_len(&self) -> usize {
+    pub(crate) fn watermark_len(&self) -> usize {
         self.deleted.len()
     }
 
     /// The anti-entropy hashes of the registry split into `count` buckets (a power of two, at
-    /// most [`BUCKETS`]): bucket `b` is the XOR of [`sync_hash`] over the records whose
+    /// most [`BUCKETS`]): bucket `b` is the XOR of [`Slot::sync_hash`] over the records whose
     /// [`bucket_of`] is `b`. Two replicas that hold the same records have the same hashes.
-    pub fn bucket_hashes(&self, count: usize) -> Vec<u32> {
+    pub(crate) fn bucket_hashes(&self, count: usize) -> Vec<u32> {
         let count = count.clamp(1, BUCKETS).next_power_of_two().min(BUCKETS);
         let mut out = vec![0u32; count];
         for (i, h) in self.buckets.iter().enumerate() {
@@ -584,9 +477,11 @@ impl Replica {
 
 #[cfg(test)]
 mod tests {
+    use super::tombstones::Collected;
     use super::*;
     use crate::hardware::Hardware;
     use crate::record::{Model, ModelSet, Reachability};
+    use core::time::Duration;
 
     fn rec(n: u64, generation: u64, state: Lifecycle, hb: u64, models: &[&str]) -> SharedRecord {
         let mut r =

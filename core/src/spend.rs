@@ -38,7 +38,7 @@ use crate::{NodeId, MAX_DATAGRAM};
 /// First byte of a spend datagram.
 pub const SPEND_TAG: u8 = 0xF1;
 /// Second byte: the format. Bumped on any incompatible change.
-pub const SPEND_VERSION: u8 = 1;
+pub(crate) const SPEND_VERSION: u8 = 1;
 
 /// A key as the spend counter names it: 16 bytes of a hash of the key's hash, so that the
 /// datagrams never carry what the key file stores.
@@ -57,7 +57,7 @@ pub struct Tally {
 
 /// One entry of the counter, as sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpendEntry {
+pub(crate) struct SpendEntry {
     /// The key.
     pub key: SpendId,
     /// The gateway whose count this is.
@@ -96,7 +96,7 @@ impl SpendCounter {
     }
 
     /// Takes in one entry: the larger tally wins. Returns whether the counter changed.
-    pub fn merge_entry(&mut self, entry: SpendEntry) -> bool {
+    pub(crate) fn merge_entry(&mut self, entry: SpendEntry) -> bool {
         let held = self.entries.entry((entry.key, entry.gateway)).or_default();
         if entry.tally > *held {
             *held = entry.tally;
@@ -148,7 +148,7 @@ impl SpendCounter {
     }
 
     /// Every entry, in (key, gateway) order.
-    pub fn entries(&self) -> impl Iterator<Item = SpendEntry> + '_ {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = SpendEntry> + '_ {
         self.entries.iter().map(|(&(key, gateway), &tally)| SpendEntry { key, gateway, tally })
     }
 
@@ -174,17 +174,15 @@ impl SpendCounter {
         encode_entries(self.entries())
     }
 
-    /// Decodes one datagram and merges it; returns whether the counter changed. An error
-    /// changes nothing.
-    pub fn receive(&mut self, datagram: &[u8]) -> Result<bool, SpendError> {
+    /// Decodes one datagram and merges it; returns the keys whose counts changed, sorted and
+    /// without repeats (none: the datagram was old news). An error changes nothing.
+    pub fn receive(&mut self, datagram: &[u8]) -> Result<Vec<SpendId>, SpendError> {
         let entries = decode(datagram)?;
-        Ok(entries.into_iter().fold(false, |changed, e| self.merge_entry(e) | changed))
+        let mut changed: Vec<SpendId> = entries.into_iter().filter(|e| self.merge_entry(*e)).map(|e| e.key).collect();
+        changed.sort_unstable();
+        changed.dedup();
+        Ok(changed)
     }
-}
-
-/// Whether `datagram` is a spend datagram.
-pub fn is_spend(datagram: &[u8]) -> bool {
-    datagram.first() == Some(&SPEND_TAG)
 }
 
 /// Largest encoding of one entry: 16 + 16 bytes of ids and two varints of at most 10 bytes.
@@ -193,7 +191,7 @@ const MAX_ENTRY: usize = 16 + 16 + 10 + 10;
 const HEADER: usize = 2 + 5;
 
 /// Packs `entries` into datagrams of at most [`MAX_DATAGRAM`] bytes each.
-pub fn encode_entries(entries: impl Iterator<Item = SpendEntry>) -> Vec<Vec<u8>> {
+pub(crate) fn encode_entries(entries: impl Iterator<Item = SpendEntry>) -> Vec<Vec<u8>> {
     let per_datagram = (MAX_DATAGRAM - HEADER) / MAX_ENTRY;
     let entries: Vec<SpendEntry> = entries.collect();
     entries
@@ -209,7 +207,7 @@ pub fn encode_entries(entries: impl Iterator<Item = SpendEntry>) -> Vec<Vec<u8>>
 }
 
 /// Decodes one spend datagram; never panics.
-pub fn decode(datagram: &[u8]) -> Result<Vec<SpendEntry>, SpendError> {
+pub(crate) fn decode(datagram: &[u8]) -> Result<Vec<SpendEntry>, SpendError> {
     if datagram.len() > MAX_DATAGRAM {
         return Err(SpendError::Oversized(datagram.len()));
     }
@@ -301,6 +299,21 @@ mod tests {
     }
 
     #[test]
+    fn receiving_names_the_keys_that_moved_and_old_news_none() {
+        let (a, b) = (NodeId::from_u64(1), NodeId::from_u64(2));
+        let mut sender = SpendCounter::new();
+        sender.observe(key(2), a, 100, 40);
+        sender.observe(key(1), a, 100, 25);
+        sender.observe(key(1), b, 100, 5);
+        let mut receiver = SpendCounter::new();
+        receiver.observe(key(2), a, 100, 40);
+        let datagrams = sender.encode();
+        let moved: Vec<SpendId> = datagrams.iter().flat_map(|d| receiver.receive(d).expect("decodes")).collect();
+        assert_eq!(moved, [key(1)], "key 2's count was already held");
+        assert!(datagrams.iter().all(|d| receiver.receive(d) == Ok(vec![])), "old news moves nothing");
+    }
+
+    #[test]
     fn spend_is_the_sum_over_gateways_of_the_current_period() {
         let (a, b, c) = (NodeId::from_u64(1), NodeId::from_u64(2), NodeId::from_u64(3));
         let mut counter = SpendCounter::new();
@@ -332,8 +345,8 @@ mod tests {
         }
         let datagrams = counter.encode();
         assert!(datagrams.len() > 1);
-        assert!(datagrams.iter().all(|d| d.len() <= MAX_DATAGRAM && is_spend(d)));
-        assert!(!is_spend(&[crate::wire::WIRE_VERSION, 0]));
+        assert!(datagrams.iter().all(|d| d.len() <= MAX_DATAGRAM && d[0] == SPEND_TAG));
+        assert_ne!(crate::wire::WIRE_VERSION, SPEND_TAG);
         let mut empty = SpendCounter::new();
         let good = &datagrams[0];
         let mut other_version = good.clone();

@@ -105,11 +105,12 @@ mod members;
 mod probe;
 mod suspicion;
 mod vouching;
-pub use config::{suspicion_timeout, SwimConfig, SwimConfigError};
+pub(crate) use config::suspicion_timeout;
+pub use config::{SwimConfig, SwimConfigError};
 
 /// A message the caller must send or an update it must spread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Send a ping; the peer answers with an ack carrying `seq`.
     SendPing {
         /// The member to ping.
@@ -157,7 +158,7 @@ pub enum Action {
 
 /// A change of a member's standing, for the node and the application.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// The member is suspected of having failed.
     Suspect(NodeId),
     /// A suspicion of the member was refuted or lifted.
@@ -169,7 +170,7 @@ pub enum Event {
 /// Whether a gossiped suspicion or refutation was news that should be passed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub enum Rumor {
+pub(crate) enum Rumor {
     /// It changed what this node believes: push it into the broadcast queue.
     Spread,
     /// Known already, stale, about an unknown member, or suppressed: do not pass it on.
@@ -207,7 +208,7 @@ impl Member {
 
 /// One node's SWIM + Lifeguard failure detector; see the [module docs](self).
 #[derive(Clone, Debug)]
-pub struct Swim {
+pub(crate) struct Swim {
     local: NodeId,
     config: SwimConfig,
     rng: ChaCha8Rng,
@@ -257,7 +258,7 @@ impl Swim {
     /// random point of the first period so that nodes started together do not probe in step.
     ///
     /// `config` should pass [`SwimConfig::validate`]; out-of-range values are clamped.
-    pub fn new(local: NodeId, config: SwimConfig, rng_seed: u64, now: Time) -> Swim {
+    pub(crate) fn new(local: NodeId, config: SwimConfig, rng_seed: u64, now: Time) -> Swim {
         let config = config.clamped();
         let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
         let period = u64::try_from(config.protocol_period.as_micros()).unwrap_or(u64::MAX).max(1);
@@ -292,7 +293,7 @@ impl Swim {
     /// Adds member `id` at `incarnation`, probed directly when `probeable`. A member already known
     /// only has its probeability updated (incarnations move through [`Swim::on_alive_gossip`]).
     /// Returns whether it was new.
-    pub fn add_member(&mut self, now: Time, id: NodeId, incarnation: u64, probeable: bool) -> bool {
+    pub(crate) fn add_member(&mut self, now: Time, id: NodeId, incarnation: u64, probeable: bool) -> bool {
         self.advance(now);
         if id == self.local {
             return false;
@@ -309,7 +310,7 @@ impl Swim {
 
     /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
     /// Members it vouched for lose the voucher.
-    pub fn remove_member(&mut self, id: NodeId) -> bool {
+    pub(crate) fn remove_member(&mut self, id: NodeId) -> bool {
         let Some(n) = self.members.remove(&id) else { return false };
         self.lift_suspicion(id);
         self.leave_order(n);
@@ -324,7 +325,7 @@ impl Swim {
 
     /// Whether `id` can be pinged directly (it is public, or holds a connection to us). Members
     /// that are not are never probed.
-    pub fn set_probeable(&mut self, id: NodeId, probeable: bool) {
+    pub(crate) fn set_probeable(&mut self, id: NodeId, probeable: bool) {
         let Some(n) = self.members.number(&id) else { return };
         let m = self.members.at_mut(n);
         let was = m.probeable && m.standing != Standing::Confirmed;
@@ -346,7 +347,7 @@ impl Swim {
 
     /// Handles every deadline due at `now`: suspicions that ran out, ping-reqs that got no ack,
     /// the switch to indirect probing, the next protocol period, and the leases.
-    pub fn on_timeout(&mut self, now: Time) {
+    pub(crate) fn on_timeout(&mut self, now: Time) {
         self.advance(now);
         let now = self.now;
         self.expire_suspicions();
@@ -376,72 +377,71 @@ impl Swim {
     // ----- outputs and state ------------------------------------------------------------------
 
     /// The next message to send or update to spread.
-    pub fn poll_action(&mut self) -> Option<Action> {
+    pub(crate) fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
 
     /// The next change of a member's standing.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
 
     /// When [`Swim::on_timeout`] must be called next.
-    pub fn next_deadline(&self) -> Time {
+    pub(crate) fn next_deadline(&self) -> Time {
         let suspicion = self.suspicions.first().map_or(Time::NEVER, |&(at, _)| at);
         let relay = self.relays.iter().map(|r| r.nack_at).min().unwrap_or(Time::NEVER);
         let indirect = self.probe.as_ref().and_then(|p| p.indirect_at).unwrap_or(Time::NEVER);
         suspicion.min(relay).min(indirect).min(self.next_probe).min(self.next_lease_check)
     }
 
+    #[cfg(test)]
     /// The local health multiplier, `0..=max_health`; 0 is healthy.
-    pub fn health(&self) -> u8 {
+    pub(crate) fn health(&self) -> u8 {
         self.health
     }
 
+    #[cfg(test)]
     /// This node's incarnation.
-    pub fn incarnation(&self) -> u64 {
+    pub(crate) fn incarnation(&self) -> u64 {
         self.incarnation
     }
 
     /// This node refuted a suspicion of itself that it handled without [`Swim::on_suspect_gossip`]
     /// (the node keeps its own incarnation in its record): counts against local health as a
     /// refutation through `on_suspect_gossip` would.
-    pub fn note_refuted(&mut self) {
+    pub(crate) fn note_refuted(&mut self) {
         self.worse_health(1);
     }
 
+    #[cfg(test)]
     /// Raises this node's incarnation to at least `incarnation` (the node moved its record on).
-    pub fn set_incarnation(&mut self, incarnation: u64) {
+    pub(crate) fn set_incarnation(&mut self, incarnation: u64) {
         self.incarnation = self.incarnation.max(incarnation);
     }
 
-    /// Members known, this node excluded.
-    pub fn members(&self) -> usize {
-        self.members.len()
-    }
-
     /// The cluster size the timeouts are computed for: members and this node.
-    pub fn cluster_size(&self) -> usize {
+    pub(crate) fn cluster_size(&self) -> usize {
         self.members.len() + 1
     }
 
     /// True while `id` is suspected.
-    pub fn is_suspect(&self, id: &NodeId) -> bool {
+    pub(crate) fn is_suspect(&self, id: &NodeId) -> bool {
         self.members.get(id).is_some_and(|m| m.standing == Standing::Suspect)
     }
 
+    #[cfg(test)]
     /// True once a suspicion of `id` ran out (until it is removed).
-    pub fn is_confirmed(&self, id: &NodeId) -> bool {
+    pub(crate) fn is_confirmed(&self, id: &NodeId) -> bool {
         self.members.get(id).is_some_and(|m| m.standing == Standing::Confirmed)
     }
 
     /// The incarnation known for member `id`.
-    pub fn member_incarnation(&self, id: &NodeId) -> Option<u64> {
+    pub(crate) fn member_incarnation(&self, id: &NodeId) -> Option<u64> {
         self.members.get(id).map(Member::incarnation)
     }
 
     /// The period and probe timeout at the current local health.
-    pub fn scaled_timing(&self) -> (Duration, Duration) {
+    pub(crate) fn scaled_timing(&self) -> (Duration, Duration) {
         let scale = u32::from(self.health) + 1;
         (self.config.protocol_period.saturating_mul(scale), self.config.probe_timeout.saturating_mul(scale))
     }
@@ -1183,3 +1183,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod failure_detection;

@@ -4,7 +4,7 @@ use crate::time::Time;
 
 /// Every timer a [`Node`](crate::Node) can arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timer {
+pub(crate) enum Timer {
     /// A gossip round: piggyback-only gossip while there is news, a pull on an outbound-only
     /// node, fetch retries.
     Gossip,
@@ -22,7 +22,7 @@ pub enum Timer {
 
 impl Timer {
     /// All timers, in the order they fire when due at the same time.
-    pub const ALL: [Timer; 6] =
+    pub(crate) const ALL: [Timer; 6] =
         [Timer::DrainDeadline, Timer::DrainStart, Timer::Probe, Timer::Gossip, Timer::AntiEntropy, Timer::Exit];
     const COUNT: usize = 6;
 
@@ -33,38 +33,38 @@ impl Timer {
 
 /// When each timer fires next, if armed.
 #[derive(Clone, Debug, Default)]
-pub struct TimerTable {
+pub(crate) struct TimerTable {
     due: [Option<Time>; Timer::COUNT],
 }
 
 impl TimerTable {
     /// Arms `timer` for `at`, replacing any earlier arming.
-    pub fn set(&mut self, timer: Timer, at: Time) {
+    pub(crate) fn set(&mut self, timer: Timer, at: Time) {
         self.due[timer.slot()] = Some(at);
     }
 
     /// Disarms `timer`.
-    pub fn stop(&mut self, timer: Timer) {
+    pub(crate) fn stop(&mut self, timer: Timer) {
         self.due[timer.slot()] = None;
     }
 
     /// Disarms every timer.
-    pub fn stop_all(&mut self) {
+    pub(crate) fn stop_all(&mut self) {
         self.due = [None; Timer::COUNT];
     }
 
     /// When `timer` fires, if armed.
-    pub fn get(&self, timer: Timer) -> Option<Time> {
+    pub(crate) fn get(&self, timer: Timer) -> Option<Time> {
         self.due[timer.slot()]
     }
 
     /// The earliest armed deadline, or [`Time::NEVER`].
-    pub fn next_deadline(&self) -> Time {
+    pub(crate) fn next_deadline(&self) -> Time {
         self.due.iter().flatten().copied().min().unwrap_or(Time::NEVER)
     }
 
     /// Disarms and returns the first timer (in [`Timer::ALL`] order) that is due at `now`.
-    pub fn pop_expired(&mut self, now: Time) -> Option<Timer> {
+    pub(crate) fn pop_expired(&mut self, now: Time) -> Option<Timer> {
         let t = Timer::ALL.into_iter().find(|t| self.due[t.slot()].is_some_and(|at| at <= now))?;
         self.stop(t);
         Some(t)

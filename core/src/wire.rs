@@ -18,13 +18,13 @@ use serde::{Deserialize, Serialize};
 pub const MAX_DATAGRAM: usize = 1100;
 /// Version byte leading every datagram. Bumped on any incompatible change.
 ///
-/// - 1: the first format. The SWIM messages ([`Message::Ping`] and after) were appended to
-///   [`Message`] without a bump: the encodings of the earlier variants did not change, and a node
+/// - 1: the first format. The SWIM messages (`Ping` and after) were appended to the messages
+///   without a bump: the encodings of the earlier variants did not change, and a node
 ///   that predates them rejects them as [`DecodeError::Malformed`] without touching its state.
 /// - 2: records carry their owner's seal (public key and signature) and an optional DOWN mark
-///   ([`crate::auth`]). Version-1 datagrams are refused as
+///   ([`Seal`](crate::Seal), [`MarkedDown`](crate::MarkedDown)). Version-1 datagrams are refused as
 ///   [`DecodeError::UnsupportedVersion`]: their records are unsigned and would be refused anyway.
-///   [`Piggyback::Have`] and [`Message::Fetch`] were appended later without a bump, as the SWIM
+///   Announcements by version (`Have`) and fetches (`Fetch`) were appended later without a bump, as the SWIM
 ///   messages were: a node that predates them rejects a datagram carrying them as malformed.
 /// - 3: one membership protocol. The push-pull digests (`Digest`, `DigestReply`) are gone and
 ///   the later variants moved up two places; version-2 datagrams are refused as
@@ -71,12 +71,10 @@ pub enum Message {
     /// Updates only, sent to a few random peers while there is news to spread.
     Gossip(Vec<Piggyback>),
     /// Anti-entropy, first step: the sender's hashes of buckets `first..first + hashes.len()`
-    /// of its registry split into `count` buckets by node id
-    /// ([`crate::replica::Replica::bucket_hashes`]). The receiver answers the buckets that
+    /// of its registry split into `count` buckets by node id. The receiver answers the buckets that
     /// differ with a [`Message::BucketEntries`].
     Buckets {
-        /// Buckets the registry is split into: a power of two, at most
-        /// [`crate::replica::BUCKETS`].
+        /// Buckets the registry is split into: a power of two, at most 1024.
         count: u16,
         /// The bucket of the first hash.
         first: u16,
@@ -100,13 +98,13 @@ pub enum Message {
     Fetch(Vec<NodeId>),
 }
 
-/// One record in a [`Message::BucketEntries`]: its node and its
-/// [`crate::replica::sync_hash`] at the sender.
+/// One record in a [`Message::BucketEntries`]: its node and the hash of its version and
+/// content that anti-entropy compares, at the sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketEntry {
     /// The node.
     pub id: NodeId,
-    /// The sender's [`crate::replica::sync_hash`] of its record, little-endian.
+    /// The sender's hash of its record's version and content, little-endian.
     pub hash: [u8; 4],
 }
 
@@ -177,8 +175,8 @@ pub enum DecodeError {
     /// A record breaks the wire limits.
     #[error("invalid record: {0}")]
     InvalidRecord(#[from] InvalidRecord),
-    /// An anti-entropy message names a bucket count that is not a power of two up to
-    /// [`crate::replica::BUCKETS`], or buckets beyond it.
+    /// An anti-entropy message names a bucket count that is not a power of two up to 1024, or
+    /// buckets beyond it.
     #[error("anti-entropy buckets out of range: {0}")]
     Buckets(&'static str),
 }
@@ -226,9 +224,9 @@ pub fn decode(datagram: &[u8]) -> Result<Message, DecodeError> {
 
 /// Most hashes in one [`Message::Buckets`]: 256 four-byte hashes and the header stay under
 /// 1,100 bytes.
-pub const MAX_BUCKET_HASHES: usize = 256;
+pub(crate) const MAX_BUCKET_HASHES: usize = 256;
 
-/// Encodes a [`Message::Buckets`] of at most [`MAX_BUCKET_HASHES`] hashes (more are cut off).
+/// Encodes a [`Message::Buckets`] of at most 256 hashes (more are cut off).
 pub fn encode_buckets(count: u16, first: u16, hashes: &[u32]) -> Bytes {
     let hashes = hashes[..hashes.len().min(MAX_BUCKET_HASHES)].iter().map(|h| h.to_le_bytes()).collect();
     let bytes = encode_unbounded(&Message::Buckets { count, first, hashes });
@@ -406,8 +404,8 @@ const FETCH: u8 = 9;
 /// below the limit.
 ///
 /// Layout: version byte, variant tag, the header's fields, varint item count, items — exactly
-/// postcard's encoding of the [`Message`]. Items arrive already encoded (a
-/// [`crate::broadcast::RecordUpdate`] carries its record's encoding), so filling a datagram from
+/// postcard's encoding of the [`Message`]. Items arrive already encoded (a queued record update
+/// carries its record's encoding), so filling a datagram from
 /// a broadcast queue encodes nothing twice. [`ProbeBuilder::budget`] is what a queue may still
 /// fill; it keeps room for the largest count the remaining bytes could need, so the finished
 /// datagram can never exceed the limit.
@@ -484,6 +482,7 @@ impl ProbeBuilder {
     }
 
     /// Items added so far.
+    #[cfg(any(test, feature = "harness"))]
     pub fn len(&self) -> usize {
         self.count
     }
@@ -518,6 +517,7 @@ fn varint(mut n: usize) -> Vec<u8> {
 }
 
 /// The postcard encoding of one item, as [`ProbeBuilder::push_encoded`] takes it.
+#[cfg(any(test, feature = "harness"))]
 pub fn encode_piggyback(item: &Piggyback) -> Bytes {
     Bytes::from(postcard::to_allocvec(item).unwrap_or_default())
 }

@@ -4,10 +4,11 @@
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tela_core::auth::{self, PublicKey, SignatureBytes, Strict, Verify};
-use tela_core::wire::{encode_unbounded, Message};
+use tela_core::harness::auth::{self, Strict};
+use tela_core::harness::wire::{encode_unbounded, Message};
 use tela_core::{
-    Config, Identity, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId, Reachability, Record, Role, Time, Verifier,
+    Config, Identity, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId, PublicKey, Reachability, Record, Role,
+    SignatureBytes, Time, Verifier, Verify,
 };
 
 const ME: NodeId = NodeId::from_u64(1);

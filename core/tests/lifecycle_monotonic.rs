@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use std::time::Duration;
-use tela_core::wire::{encode_unbounded, Message, Piggyback};
+use tela_core::harness::wire::{encode_unbounded, Message, Piggyback};
 use tela_core::{
     Config, Hardware, Input, Lifecycle, Load, Model, Node, NodeId, Output, Reachability, Record, Role, Time, Version,
     MAX_DATAGRAM,

@@ -5,8 +5,8 @@
 mod common;
 use common::*;
 use std::time::Duration;
+use tela_core::harness::wire::{encode_unbounded, Message, Piggyback};
 use tela_core::harness::Harness;
-use tela_core::wire::{encode_unbounded, Message, Piggyback};
 use tela_core::{Input, Lifecycle, Load, NodeId, SwimConfig};
 
 fn converge(n: u64, seed: u64, loss: f64) {
@@ -99,11 +99,11 @@ fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
     for x in [id(1), id(2), victim] {
         h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });
     }
-    assert!(h.node(id(1)).swim().is_suspect(&victim));
+    assert!(h.node(id(1)).suspects(&victim));
     assert_eq!(h.node(victim).stats().suspicions_refuted, 1);
     assert!(h.node(victim).local_record().heartbeat > own.heartbeat);
     // The refutation lifts the suspicion, and a long lossy run confirms nobody.
-    assert!(h.run_until(Duration::from_secs(10), |h| h.running().all(|x| !h.node(x).swim().is_suspect(&victim))));
+    assert!(h.run_until(Duration::from_secs(10), |h| h.running().all(|x| !h.node(x).suspects(&victim))));
     h.run_for(Duration::from_secs(600));
     for x in h.running() {
         let s = h.node(x).stats();
@@ -304,7 +304,7 @@ fn anchors_do_not_suspect_an_outbound_only_node_silent_for_less_than_a_lease() {
     // cut off from both for less than that, it is never suspected; for longer, it is.
     let member = id(3);
     let anchors = [id(1), id(2)];
-    let suspected = |h: &Harness| anchors.iter().any(|a| h.node(*a).swim().is_suspect(&member));
+    let suspected = |h: &Harness| anchors.iter().any(|a| h.node(*a).suspects(&member));
     for seed in 1..=5u64 {
         let mut h = anchored(3, seed);
         h.set_loss(0.0);

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use tela_core::wire::{encode_unbounded, Message};
+use tela_core::harness::wire::{encode_unbounded, Message};
 use tela_core::{Identity, Input, Lifecycle};
 
 #[test]

@@ -20,7 +20,7 @@
 //!   generation neither the state nor the heartbeat does; [`Event::LocalState`] reports every
 //!   change and agrees with the record;
 //! - a version of the node's own record that it does not hold is refuted if it is authentic
-//!   ([`tela_core::auth::check`]): afterwards its record dominates the one it heard (unless that
+//!   ([`tela_core::Verifier::check`]): afterwards its record dominates the one it heard (unless that
 //!   one's generation is `u64::MAX`, above which no generation exists); a forged one changes
 //!   nothing;
 //! - every other authentic record received ends up merged: the replica's record dominates it;
@@ -36,10 +36,10 @@ use arbitrary::Unstructured;
 use bytes::Bytes;
 use core::time::Duration;
 use std::collections::BTreeSet;
-use tela_core::wire::{self, Builder, Message, Piggyback, ProbeBuilder, MAX_DATAGRAM};
+use tela_core::harness::wire::{self, Builder, Message, Piggyback, ProbeBuilder};
 use tela_core::{
-    auth, Command, Config, Event, GpuModel, Hardware, Identity, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId,
-    Output, Quantization, Reachability, Record, Role, Time, Version,
+    Command, Config, Event, GpuModel, Hardware, Identity, Input, Lifecycle, Load, Model, ModelSet, Node, NodeId,
+    Output, Quantization, Reachability, Record, Role, Time, Version, MAX_DATAGRAM,
 };
 
 /// The fuzzed node's id.
@@ -506,7 +506,7 @@ impl Run {
             assert_eq!(before, self.node.replica().sorted_records(), "an announcement changed the replica");
         }
         let verifier = self.node.config().verifier.clone();
-        let forgeries = records.iter().filter(|r| auth::check(r, &verifier).is_err()).count() as u64;
+        let forgeries = records.iter().filter(|r| verifier.check(r).is_err()).count() as u64;
         let forged_after = self.node.stats().records_forged + self.node.stats().marks_forged;
         assert!(forged_after - forged_before <= forgeries, "an authentic record was counted as forged");
         if forgeries == records.len() as u64 {
@@ -525,7 +525,7 @@ impl Run {
             );
         }
         for r in records {
-            if auth::check(r, &verifier).is_err() {
+            if verifier.check(r).is_err() {
                 let held = self.node.replica().get(&r.id).map(|s| (**s.record()).clone());
                 assert!(held.as_ref() != Some(r) || before.iter().any(|b| **b == *r), "forged {} held", r.id);
                 continue;

@@ -22,7 +22,7 @@ mod lattice;
 #[cfg(test)]
 mod seeds;
 
-use tela_core::wire::{self, Message};
+use tela_core::harness::wire::{self, Message};
 
 pub use facade::node_facade;
 pub use lattice::merge_laws;

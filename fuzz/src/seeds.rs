@@ -8,11 +8,12 @@
 
 use crate::facade::{drive, op, OWN};
 use std::path::Path;
-use tela_core::wire::{self, Builder, Piggyback, ProbeBuilder, MAX_DATAGRAM};
+use tela_core::harness::wire::{self, Builder, Piggyback, ProbeBuilder};
 use tela_core::{
     FabricId, GpuModel, Hardware, Identity, Lifecycle, Load, Model, ModelSet, NodeId, Quantization, Reachability,
     Record, Role,
 };
+use tela_core::{MAX_DATAGRAM, WIRE_VERSION};
 
 /// Named seeds of one target.
 type Seeds = Vec<(&'static str, Vec<u8>)>;
@@ -359,10 +360,10 @@ fn wire_seeds() -> Seeds {
         ("want", want.finish().to_vec()),
         ("fetch", fetch.finish().to_vec()),
         ("gossip_announcements", announcements.finish().to_vec()),
-        ("records_empty", vec![wire::WIRE_VERSION, 1, 0]),
+        ("records_empty", vec![WIRE_VERSION, 1, 0]),
         ("unknown_version", vec![9, 0, 0]),
         ("previous_version", vec![1, 2, 1, 0]),
-        ("truncated", vec![wire::WIRE_VERSION, 2, 3, 0]),
+        ("truncated", vec![WIRE_VERSION, 2, 3, 0]),
     ]
 }
 

@@ -147,21 +147,17 @@ impl BudgetExchange {
             tracing::debug!(%peer, "ignored spend counts from serving node {peer}: only gateways count spend");
             return;
         }
-        let entries = match tela_core::spend::decode(datagram) {
-            Ok(entries) => entries,
+        let mut counter = self.counter();
+        let changed = match counter.receive(datagram) {
+            Ok(changed) => changed,
             Err(e) => {
                 tracing::debug!(%peer, "dropped spend counts from {peer}: {e}");
                 return;
             }
         };
-        let mut counter = self.counter();
-        let mut changed: Vec<SpendId> =
-            entries.into_iter().filter(|e| counter.merge_entry(*e)).map(|e| e.key).collect();
         if changed.is_empty() {
             return;
         }
-        changed.sort_unstable();
-        changed.dedup();
         // Only the keys whose counts moved: a datagram arrives per gateway and chunk each period.
         let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner).clone();
         self.tell_keys(changed.iter().filter_map(|id| keys.get_key_value(id)), &counter, now);

@@ -128,7 +128,7 @@ pub struct GatewayArgs {
     /// the least loaded. least-loaded: fewest requests in flight. p2c: the less loaded of two
     /// random nodes.
     #[arg(long, env = "TELA_ROUTING", default_value = "prefix", value_name = "prefix|least-loaded|p2c")]
-    pub routing: tela_core::RoutingPolicy,
+    pub routing: tela_core::routing::RoutingPolicy,
 
     /// A node that has not accepted a written request within this long (a round trip, not the
     /// engine's time) is passed over and the request tried on another node.

@@ -127,7 +127,7 @@ impl LoadedConfig {
             }
         }
         if let Some(r) = &file.routing {
-            if let Err(e) = r.parse::<tela_core::RoutingPolicy>() {
+            if let Err(e) = r.parse::<tela_core::routing::RoutingPolicy>() {
                 return Err(ConfigError::Invalid { key: "routing".into(), reason: e.to_string() });
             }
         }

@@ -98,7 +98,7 @@ pub struct DemoArgs {
     /// How the gateway picks a node: prefix (a conversation stays on one node), least-loaded
     /// or p2c (see `tela gateway --help`).
     #[arg(long, default_value = "prefix", value_name = "prefix|least-loaded|p2c")]
-    pub routing: tela_core::RoutingPolicy,
+    pub routing: tela_core::routing::RoutingPolicy,
 
     /// Show the gateway's log on the terminal (stderr) instead of writing it to gateway.log in
     /// the demo's directory.

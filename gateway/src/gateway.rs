@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tela_core::RoutingPolicy;
+use tela_core::routing::RoutingPolicy;
 use tela_runtime::anchor::{Anchor, AnchorConfig, AnchorError};
 use tela_runtime::runtime::refuse_streams;
 use tela_runtime::Runtime;

@@ -27,7 +27,8 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{Response, StatusCode};
 use tela_core::retry::{Attempts, Next, Outcome};
-use tela_core::{NodeId, Prefix, RouteError};
+use tela_core::routing::{Prefix, RouteError};
+use tela_core::NodeId;
 use tela_transports::tunnel::{encode_head, read_accepted, read_response_head, RequestHead, ResponseHead};
 use tela_transports::{Connection, RecvStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -85,7 +86,7 @@ pub struct ApiRequest {
     pub body: Bytes,
     /// Its `model`.
     pub model: String,
-    /// Its leading content, which [`RoutingPolicy::Prefix`](tela_core::RoutingPolicy) keys on.
+    /// Its leading content, which [`RoutingPolicy::Prefix`](tela_core::routing::RoutingPolicy) keys on.
     pub prefix: Prefix,
     /// Its `stream`.
     pub stream: bool,

@@ -1,4 +1,4 @@
-//! Choosing the node for a request: the core's decision ([`tela_core::route_with`], by the
+//! Choosing the node for a request: the core's decision ([`tela_core::routing::route_with`], by the
 //! gateway's [`RoutingPolicy`]) over the anchor's latest registry snapshot, with what only this
 //! gateway knows — which nodes have a live tunnel connection here, which were already tried for
 //! this request, and how many requests this gateway has in flight on each — and what the
@@ -54,7 +54,7 @@
 //!
 //! A node whose walltime is near says, in its load reports, how long until it starts draining
 //! (`tela node --handover-window`, [`tela_runtime::load_report::LoadReport::leaving_in_ms`]).
-//! Such a node is passed to the core as [handing over](tela_core::HostState::handing_over):
+//! Such a node is passed to the core as [handing over](tela_core::routing::HostState::handing_over):
 //! still SERVE and still finishing what it serves, but ranked last for prefix-keyed requests,
 //! so a conversation's next turn goes to the node it will stay on after this one has left.
 //! The node decides when it hands over and tells every gateway at once, so gateways agree. The
@@ -73,14 +73,17 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use tela_core::routing::MESSAGE_BYTES;
-use tela_core::{HostState, NodeId, Prefix, PrefixHasher, RouteError, RoutingPolicy};
+use tela_core::routing::{HostState, Prefix, PrefixHasher, RouteError, RoutingPolicy};
+use tela_core::NodeId;
 use tela_runtime::load_report::FreshLoad;
 use tela_runtime::status::RegistrySnapshot;
 use tela_runtime::RuntimeView;
 use tela_transports::Connection;
 
 use crate::metrics::NodeLabel;
+
+/// Bytes of one message's content that enter a request's head at most (the core takes no more).
+const MESSAGE_BYTES: usize = Prefix::MESSAGE_BYTES;
 
 /// Engine load reports older than this are ignored: the node's load is this gateway's
 /// in-flight count alone (see the module docs).
@@ -244,7 +247,7 @@ pub fn choose(
         }
     };
     let now = Instant::now();
-    let node = tela_core::route_with(
+    let node = tela_core::routing::route_with(
         policy,
         snapshot.replica(),
         target.model,
@@ -692,6 +695,6 @@ mod tests {
         let capped = &huge[..MESSAGE_BYTES];
         assert_eq!(messages(&json), of(&[("system", capped), ("user", "q")]));
         let many = format!("[{}]", vec![r#"{"role":"system","content":"s"}"#; 100_000].join(","));
-        assert!(messages(&many).blocks().len() <= tela_core::routing::MAX_BLOCKS);
+        assert!(messages(&many).blocks().len() <= Prefix::MAX_BLOCKS);
     }
 }

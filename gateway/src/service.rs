@@ -48,7 +48,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
-use tela_core::RoutingPolicy;
+use tela_core::routing::RoutingPolicy;
 use tela_runtime::RuntimeView;
 use tokio::sync::Semaphore;
 
@@ -166,7 +166,7 @@ struct Peek<'a> {
     model: Option<std::borrow::Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
-    /// A chat request's messages, read into the [`Prefix`](tela_core::Prefix) routing keys on.
+    /// A chat request's messages, read into the [`Prefix`](tela_core::routing::Prefix) routing keys on.
     #[serde(default)]
     messages: Option<crate::routing::Messages>,
     /// A completions request's prompt, likewise.

@@ -1,27 +1,33 @@
 //! Where the simulator's memory goes: a counting allocator for the live heap (the `cap`
-//! crate's, installed as the global allocator of every program that links the simulator), and
+//! crate's, installed as the global allocator of every program that links the simulator with
+//! its default feature `count-heap`; without it the live-heap figures are 0), and
 //! the nodes' tables by kind ([`tela_core::HeapBytes`]), sampled every five simulated seconds;
 //! the report keeps the sample with the largest live heap.
 
-use cap::Cap;
 use serde::Serialize;
-use std::alloc::System;
 use std::collections::BTreeMap;
 use tela_core::HeapBytes;
 
 /// The system allocator, counting the bytes it holds (a few relaxed atomic operations an
 /// allocation). Every program that links the simulator counts.
+#[cfg(feature = "count-heap")]
 #[global_allocator]
-static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 
-/// Bytes the program holds now.
+/// Bytes the program holds now (0 without `count-heap`).
 pub fn live_bytes() -> u64 {
-    ALLOCATOR.allocated() as u64
+    #[cfg(feature = "count-heap")]
+    return ALLOCATOR.allocated() as u64;
+    #[cfg(not(feature = "count-heap"))]
+    0
 }
 
-/// The most bytes the program held at once.
+/// The most bytes the program held at once (0 without `count-heap`).
 pub fn peak_bytes() -> u64 {
-    ALLOCATOR.max_allocated() as u64
+    #[cfg(feature = "count-heap")]
+    return ALLOCATOR.max_allocated() as u64;
+    #[cfg(not(feature = "count-heap"))]
+    0
 }
 
 /// One sample of where the memory was.

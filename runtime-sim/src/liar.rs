@@ -30,9 +30,11 @@ use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tela_core::auth::{self, CheckedKey, PublicKey, SignatureBytes, Strict, Verify};
-use tela_core::wire::{encode_unbounded, Message};
-use tela_core::{DownMark, Identity, Input, Lifecycle, Model, ModelSet, NodeId, Record, Verifier};
+use tela_core::harness::auth::{self, CheckedKey, Strict};
+use tela_core::harness::wire::{encode_unbounded, Message};
+use tela_core::{
+    DownMark, Identity, Input, Lifecycle, Model, ModelSet, NodeId, PublicKey, Record, SignatureBytes, Verifier, Verify,
+};
 
 /// The `[liar]` section of a scenario.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -158,7 +160,7 @@ fn lie(sim: &mut Sim, liars: &mut Liars, liar: u32) {
     let mut accepted = false;
     for id in ids {
         if let Some(held) = node.replica().get(&id).map(|s| s.record().clone()) {
-            if *held == forged || auth::check(&held, &liars.verifier).is_err() {
+            if *held == forged || liars.verifier.check(&held).is_err() {
                 accepted = true;
             }
         }
@@ -241,7 +243,7 @@ fn sweep(sim: &mut Sim, liars: &mut Liars) {
         let Some(node) = host.node.as_ref() else { continue };
         for slot in node.replica().slots() {
             liars.report.swept += 1;
-            if let Err(e) = auth::check(slot.record(), &liars.verifier) {
+            if let Err(e) = liars.verifier.check(slot.record()) {
                 bad = Some(format!(
                     "node {} holds a record of {} that does not verify: {e}",
                     id_of(h as u32),
@@ -323,16 +325,16 @@ mod tests {
         );
         owner.seal(&mut r);
         for _ in 0..2 {
-            assert_eq!(auth::check(&r, &v), Ok(()));
+            assert_eq!(v.check(&r), Ok(()));
         }
         let mut altered = r.clone();
         altered.heartbeat += 1;
         for _ in 0..2 {
-            assert!(auth::check(&altered, &v).is_err());
+            assert!(v.check(&altered).is_err());
         }
         for kind in 0..6 {
             let lie = forge(&Identity::for_test(NodeId::from_u64(9)), &r, kind, NodeId::from_u64(1_000_001), 10);
-            assert!(auth::check(&lie, &v).is_err(), "lie {kind} verifies");
+            assert!(v.check(&lie).is_err(), "lie {kind} verifies");
         }
     }
 }

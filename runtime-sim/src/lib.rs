@@ -17,7 +17,7 @@
 //! measures a running federation.
 //!
 //! Scenarios with a `[spin]` section also drive the core's spin controller
-//! ([`tela_core::Spinner`]): a simulated gateway measures demand per model, requests with no
+//! ([`tela_core::spin::Spinner`]): a simulated gateway measures demand per model, requests with no
 //! replica wait in core cold-start queues, and the spinner's submit, cancel and drain commands
 //! become simulated Slurm jobs on partitions of different GPUs (queue waits, walltimes and their
 //! drains, preemptions). The report then adds the in-flight completion of drains, cold-start

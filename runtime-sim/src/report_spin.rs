@@ -135,6 +135,17 @@ pub struct SpinPartitionReport {
     pub gpu_hours: f64,
 }
 
+/// One command of the spinner.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SpinCommandRecord {
+    /// Simulated seconds.
+    pub at_s: f64,
+    /// `submit`, `cancel` or `drain`.
+    pub kind: &'static str,
+    /// The model of the job or node.
+    pub model: String,
+}
+
 /// What model spinning did over the run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpinReport {
@@ -150,6 +161,8 @@ pub struct SpinReport {
     pub models: Vec<SpinModelReport>,
     /// Per partition.
     pub partitions: Vec<SpinPartitionReport>,
+    /// Every command the spinner gave, in order.
+    pub commands: Vec<SpinCommandRecord>,
     /// Per-minute samples, for plots.
     #[serde(skip)]
     pub timeline: Vec<Minute>,
@@ -170,7 +183,7 @@ impl SpinReport {
             .enumerate()
             .map(|(i, model)| SpinModelReport {
                 name: model.name().to_string(),
-                placement: tela_core::place(&spin.policies[i].spec, &spin.shapes)
+                placement: tela_core::placement::place(&spin.policies[i].spec, &spin.shapes)
                     .map_or_else(|e| e.to_string(), |p| p.to_string()),
                 gpus_per_replica: spin.gpus_per_replica(i),
                 oracle_peak_replicas: usage.oracle_replicas[i].iter().copied().max().unwrap_or(0),
@@ -231,6 +244,7 @@ impl SpinReport {
                     gpu_hours: *gpu_hours,
                 })
                 .collect(),
+            commands: m.commands.clone(),
             timeline: m.timeline.clone(),
             oracle_replicas: usage.oracle_replicas,
         }

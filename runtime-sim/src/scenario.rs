@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 mod spin;
 
-pub use spin::{Burst, ModelDemand, PlannedModel, QueueWait, Spin, SpinPlan};
+pub use spin::{Burst, ModelDemand, PlannedModel, QueueWait, Spin, SpinPlan, TraceStep};
 
 /// A whole scenario.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -221,6 +221,7 @@ impl Sim {
             Kind::ColdExpire { gateway, model } => self.cold_expire(gateway, model),
             Kind::SpinPreempt => self.spin_preempt(),
             Kind::SpinMinute => self.spin_minute(),
+            Kind::SpinTrace(i) => self.spin_trace(i),
         }
     }
 

@@ -13,7 +13,7 @@
 //! the answers outside them (news to an outbound-only node, corrections of stale suspicions,
 //! DOWN notices, fetch answers, suspicion notices).
 
-use tela_core::wire::{self, Message, Piggyback};
+use tela_core::harness::wire::{self, Message, Piggyback};
 use tela_core::{Lifecycle, Record};
 
 /// Message tags counted (the wire's tags are below this).

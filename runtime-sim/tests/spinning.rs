@@ -88,7 +88,7 @@ fn spin_sections_refuse_typos_and_nonsense() {
     refused(base.replace("bf16", "q3"), "spin.model[m].quantization: unknown quantization 'q3'");
     refused(base.replace("8B", "2000B"), "spin.model[m]: cannot be placed on any partition");
     refused(format!("{base}min_replicas = 5\n"), "spin.model[m].min_replicas: 5 is above max_replicas 4");
-    refused(format!("{base}drain_window = \"10m\"\n"), "protocol.drain_window_s");
+    refused(format!("{base}drain_window = \"0s\"\n"), "spin.model[m].drain_window: must be longer than zero");
     refused(format!("{base}[[spin.burst]]\nmodel = \"other\"\n"), "not a [[spin.model]]");
     refused(format!("{base}[[spin.demand]]\nmodel = \"other\"\n"), "not a [[spin.model]]");
     refused(format!("{base}[[spin.queue]]\npartition = \"q\"\nwait_s = [1, 2]\n"), "not a [[spin.partition]]");

@@ -43,7 +43,7 @@ pub enum AnchorError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
     /// The advertised address is too long for a record.
-    #[error("the advertised address '{0}' is longer than {max} bytes; use a shorter host name or an IP address", max = tela_core::record::MAX_ADDR)]
+    #[error("the advertised address '{0}' is longer than {max} bytes; use a shorter host name or an IP address", max = tela_core::MAX_ADDR)]
     AdvertiseTooLong(String),
 }
 
@@ -77,7 +77,7 @@ impl Anchor {
         let endpoint = Endpoint::listen(config.listen, endpoint)?;
         let bound = endpoint.local_addr().unwrap_or(config.listen);
         let advertise = config.advertise.clone().unwrap_or_else(|| bound.to_string());
-        if advertise.len() > tela_core::record::MAX_ADDR {
+        if advertise.len() > tela_core::MAX_ADDR {
             return Err(AnchorError::AdvertiseTooLong(advertise));
         }
         // Gateways are nodes in the registry too: they sign with their identity key.

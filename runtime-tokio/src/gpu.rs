@@ -15,7 +15,7 @@
 
 use nvml_wrapper::Nvml;
 use std::fmt;
-use tela_core::hardware::ProfileError;
+use tela_core::ProfileError;
 use tela_core::{GpuModel, Hardware, Interconnect};
 
 /// NVLink links per device that NVML can report.

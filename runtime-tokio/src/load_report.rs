@@ -14,7 +14,7 @@
 //! fields without it) is still read, as a node that is not leaving.
 //!
 //! The first byte keeps it apart from the core's membership datagrams, which start with the
-//! core's wire version (`tela_core::wire::WIRE_VERSION`, a small number counting up from 1):
+//! core's wire version (`tela_core::WIRE_VERSION`, a small number counting up from 1):
 //! the connection task hands tagged datagrams to [`LoadReports`] and everything else to the
 //! core. A report of another version, or one that does not decode, is dropped without effect
 //! (counted in [`LoadReports::rejected`]), so either side can move to a new version first. (A
@@ -57,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tela_core::record::{MAX_MODELS, MAX_MODEL_NAME};
 use tela_core::{NodeId, MAX_DATAGRAM};
+use tela_core::{MAX_MODELS, MAX_MODEL_NAME};
 
 /// First byte of a load-report datagram; the core's datagrams start with its wire version.
 pub const LOAD_REPORT_TAG: u8 = 0xF0;
@@ -336,8 +336,8 @@ mod tests {
         assert!(bytes.len() < 64, "a report is tiny: {} bytes", bytes.len());
         assert_eq!(decode(&bytes), Ok(r.clone()));
         assert_eq!(r.total(), EngineLoad { running: 4, waiting: 5, kv_permille: Some(900) });
-        assert_ne!(LOAD_REPORT_TAG, tela_core::wire::WIRE_VERSION);
-        assert!(!is_load_report(&[tela_core::wire::WIRE_VERSION, 0, 0]));
+        assert_ne!(LOAD_REPORT_TAG, tela_core::WIRE_VERSION);
+        assert!(!is_load_report(&[tela_core::WIRE_VERSION, 0, 0]));
     }
 
     #[test]

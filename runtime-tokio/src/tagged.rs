@@ -3,7 +3,7 @@
 //! gateway's spend counts: `tela_core::spend`).
 //!
 //! A datagram whose first byte is at least [`FIRST_TAG`] is not the core's (the core's start
-//! with its small wire version, `tela_core::wire::WIRE_VERSION`). Load reports (`0xF0`,
+//! with its small wire version, `tela_core::WIRE_VERSION`). Load reports (`0xF0`,
 //! [`crate::load_report`]) are the runtime's own; any other tag goes to the handler the
 //! application registered for it ([`TaggedDatagrams::handle`]), and a tag nobody handles is
 //! dropped (counted in [`TaggedDatagrams::unhandled`]) — never handed to the core. Each kind
@@ -82,7 +82,7 @@ mod tests {
         tagged.deliver(peer, &[]);
         assert_eq!(*got.lock().expect("lock"), vec![(peer, vec![0xF1, 1, 2])]);
         assert_eq!(tagged.unhandled(), 1);
-        assert!(is_tagged(&[0xF0]) && is_tagged(&[0xF1]) && !is_tagged(&[tela_core::wire::WIRE_VERSION]));
+        assert!(is_tagged(&[0xF0]) && is_tagged(&[0xF1]) && !is_tagged(&[tela_core::WIRE_VERSION]));
         assert!(!is_tagged(&[]));
     }
 }

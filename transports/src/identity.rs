@@ -142,7 +142,7 @@ impl Identity {
         &self.certificate
     }
 
-    /// The same key as the core signs records with ([`tela_core::auth`]): its id is this
+    /// The same key as the core signs records with ([`tela_core::Identity`]): its id is this
     /// identity's [`Identity::node_id`], so peers accept the records this node signs.
     pub fn signer(&self) -> &tela_core::Identity {
         &self.signer
@@ -302,7 +302,7 @@ mod tests {
             tela_core::Reachability::OutboundOnly,
         );
         first.signer().seal(&mut record);
-        assert_eq!(tela_core::auth::check(&record, &tela_core::Verifier::strict()), Ok(()));
+        assert_eq!(tela_core::Verifier::strict().check(&record), Ok(()));
     }
 
     #[test]

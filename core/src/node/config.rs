@@ -16,12 +16,12 @@ use core::time::Duration;
 pub struct Config {
     /// This node's identity; must be `identity.id()`.
     pub id: NodeId,
-    /// The key this node signs its record and its DOWN marks with ([`crate::auth`]).
+    /// The key this node signs its record and its DOWN marks with.
     pub identity: Identity,
     /// How records and marks from peers are checked.
     pub verifier: Verifier,
     /// Where merged records are kept: each its own (the default), or shared between the
-    /// replicas of a simulation ([`crate::intern`]).
+    /// replicas of a simulation ([`Intern`](crate::Intern)).
     pub interner: Interner,
     /// The generation to start in; every new process of the same node must start higher than
     /// the last (runtimes use the wall-clock milliseconds at start). Should the federation still
@@ -43,7 +43,7 @@ pub struct Config {
     /// Largest datagram to send, at most [`MAX_DATAGRAM`].
     pub max_datagram: usize,
     /// How the membership protocol runs: failure detection, gossip, anti-entropy, tombstones
-    /// ([`crate::membership`]).
+    /// ([`MembershipSettings`]).
     pub membership: MembershipSettings,
 }
 

@@ -14,7 +14,7 @@
 //!
 //! let gpu: PartitionSection = toml_like(r#"{"name": "gpu", "shape": "a100-80x4", "nodes": 2}"#);
 //! let (_, hardware) = gpu.hardware().unwrap();
-//! let shapes = [tela_core::NodeShape::new("gpu", hardware, 2)];
+//! let shapes = [tela_core::placement::NodeShape::new("gpu", hardware, 2)];
 //! let model: ModelSection =
 //!     toml_like(r#"{"name": "small", "params": "8B", "quantization": "bf16", "max_replicas": 2}"#);
 //! let policy = model.policy(&shapes).unwrap();
@@ -45,7 +45,7 @@ pub struct InvalidKey {
 }
 
 /// An [`InvalidKey`].
-pub fn invalid(key: impl Into<String>, reason: impl Into<String>) -> InvalidKey {
+pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> InvalidKey {
     InvalidKey { key: key.into(), reason: reason.into() }
 }
 

@@ -127,7 +127,7 @@ pub enum SwimConfigError {
 /// The Lifeguard suspicion timeout after `confirmations` independent confirmations out of
 /// `expected`: `max(min, max − (max − min) · log(C + 1) / log(K + 1))`, or `min` when none are
 /// expected. Non-increasing in `confirmations` and always within `[min, max]` (for `min ≤ max`).
-pub fn suspicion_timeout(min: Duration, max: Duration, confirmations: u32, expected: u32) -> Duration {
+pub(crate) fn suspicion_timeout(min: Duration, max: Duration, confirmations: u32, expected: u32) -> Duration {
     if expected == 0 || max <= min {
         return min;
     }

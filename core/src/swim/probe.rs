@@ -36,14 +36,14 @@ pub(super) struct Relay {
 
 impl Swim {
     /// A ping from `from`: answer it.
-    pub fn on_ping(&mut self, now: Time, from: NodeId, seq: u32) {
+    pub(crate) fn on_ping(&mut self, now: Time, from: NodeId, seq: u32) {
         self.heard_from(now, from);
         self.actions.push_back(Action::SendAck { to: from, seq });
     }
 
     /// A ping-req from `from`: ping `target` on its behalf and forward the ack, or nack if none
     /// comes within 80% of the probe timeout (so the nack reaches the prober within its period).
-    pub fn on_ping_req(&mut self, now: Time, from: NodeId, target: NodeId, seq: u32) {
+    pub(crate) fn on_ping_req(&mut self, now: Time, from: NodeId, target: NodeId, seq: u32) {
         self.heard_from(now, from);
         if target == self.local {
             self.actions.push_back(Action::SendAck { to: from, seq });
@@ -60,7 +60,7 @@ impl Swim {
 
     /// An ack from `from` for `seq`: the target of our probe answered (directly or through a
     /// helper), or the target of a ping-req we serve answered and we forward it.
-    pub fn on_ack(&mut self, now: Time, from: NodeId, seq: u32) {
+    pub(crate) fn on_ack(&mut self, now: Time, from: NodeId, seq: u32) {
         self.heard_from(now, from);
         if let Some(i) = self.relays.iter().position(|r| r.seq == seq && r.target == from) {
             let r = self.relays.swap_remove(i);
@@ -77,7 +77,7 @@ impl Swim {
 
     /// A nack from helper `from` for our probe `seq`: the target did not answer it, but our
     /// link to the helper works.
-    pub fn on_nack(&mut self, now: Time, from: NodeId, seq: u32) {
+    pub(crate) fn on_nack(&mut self, now: Time, from: NodeId, seq: u32) {
         self.heard_from(now, from);
         if let Some(p) = self.probe.as_mut() {
             if p.seq == seq && p.vias.contains(&from) && !p.nacks.contains(&from) {

@@ -41,7 +41,7 @@ impl Swim {
     /// A gossiped suspicion of `id` at `incarnation`, raised by `from`. About this node: it
     /// refutes ([`Action::GossipAlive`]). About a member: starts a suspicion or counts `from` as
     /// an independent confirmation, which shortens it.
-    pub fn on_suspect_gossip(&mut self, now: Time, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
+    pub(crate) fn on_suspect_gossip(&mut self, now: Time, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
         self.advance(now);
         if id == self.local {
             if incarnation >= self.incarnation {
@@ -56,7 +56,7 @@ impl Swim {
 
     /// A gossiped announcement that `id` is alive at `incarnation`: refutes a suspicion of an
     /// older incarnation.
-    pub fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
+    pub(crate) fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
         self.advance(now);
         let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
         if m.standing == Standing::Confirmed || incarnation <= m.incarnation() {

@@ -19,7 +19,7 @@ impl Swim {
     /// after a third of [`SwimConfig::vouch_lease`](super::SwimConfig::vouch_lease) in silence
     /// and suspects it after a whole lease, so a member killed without closing its connection is
     /// found within the lease.
-    pub fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
+    pub(crate) fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
         if !self.members.contains_key(&id) {
             return;
         }
@@ -47,7 +47,7 @@ impl Swim {
     /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
     /// member it vouched for): suspects it as a failed probe would, unless another node vouches
     /// for it. Ends this node's lease on `id`.
-    pub fn suspect(&mut self, now: Time, id: NodeId) {
+    pub(crate) fn suspect(&mut self, now: Time, id: NodeId) {
         self.advance(now);
         self.leases.remove(&id);
         self.suspect_locally(id);
@@ -55,7 +55,7 @@ impl Swim {
 
     /// Something arrived from `id` (any message): renews this node's lease on it, if it holds
     /// one. The probe inputs below count on their own.
-    pub fn heard_from(&mut self, now: Time, id: NodeId) {
+    pub(crate) fn heard_from(&mut self, now: Time, id: NodeId) {
         self.advance(now);
         if let Some(heard) = self.leases.get_mut(&id) {
             *heard = (*heard).max(self.now);

@@ -4,7 +4,7 @@
 //! the pending requests of batches `in_progress` (not past their completion window), per model
 //! and per key. A spinnable model's backlog wants `ceil(pending / backlog_per_replica)`
 //! replicas, at most `[spin.batch] max_replicas` — handed to the core as
-//! [`Demand::batch_replicas`](tela_core::Demand), low-priority demand: the replicas that serve
+//! [`Demand::batch_replicas`](tela_core::spin::Demand), low-priority demand: the replicas that serve
 //! the model already absorb it (the core wants the larger of the interactive and the backlog
 //! count, not their sum), interactive shortfalls are granted first, and a job started only for
 //! the backlog is short (`job_walltime`) and backfill-friendly (`--time-min`). Once the backlog

@@ -1,4 +1,4 @@
-//! Turning one [`SpinCommand::Submit`](tela_core::SpinCommand) into a [`JobRequest`], with the
+//! Turning one [`SpinCommand::Submit`](tela_core::spin::SpinCommand) into a [`JobRequest`], with the
 //! runtime's job template ([`JobTemplate`]): the batch script that runs `tela node` with the
 //! model's engine command, names the node in the job's comment, and passes the drain signal on.
 //!

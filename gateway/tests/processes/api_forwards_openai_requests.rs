@@ -18,7 +18,8 @@ async fn every_endpoint_is_forwarded_and_answered_in_openai_shape() {
         // Random choice, so that identical requests spread over both nodes: prefix routing, the
         // default, keeps them on one (conversations_stay_on_one_node checks that).
         let fed =
-            Fed::start(Options { tune: |c| c.routing = tela_core::RoutingPolicy::P2c, ..Options::default() }).await;
+            Fed::start(Options { tune: |c| c.routing = tela_core::routing::RoutingPolicy::P2c, ..Options::default() })
+                .await;
         let base = fed.base();
 
         let models = call(&base, "GET", "/v1/models", Some(KEY), None).await;

@@ -94,7 +94,7 @@ async fn requests_routing_cannot_key_on_are_answered_as_before() {
         // its node. (Megabyte bodies are covered by the gateway's unit tests: the simulated
         // engine would spend minutes on their prefill.)
         let huge = "All work and no play makes a dull node. ".repeat(1_000);
-        assert!(huge.len() > 2 * tela_core::routing::MAX_BLOCKS * tela_core::routing::BLOCK_BYTES);
+        assert!(huge.len() > 2 * tela_core::routing::Prefix::MAX_BLOCKS * tela_core::routing::Prefix::BLOCK_BYTES);
         let mut messages = vec![json!({"role": "system", "content": huge})];
         let first = next_turn(&base, &mut messages, "Summarise the text.").await;
         assert_eq!(next_turn(&base, &mut messages, "Shorter, please.").await, first);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tela_core::RoutingPolicy;
+use tela_core::routing::RoutingPolicy;
 use tela_gateway::engine_sim::EngineSimConfig;
 use tela_gateway::routing::REPORT_MAX_AGE;
 use tela_transports::Identity;

@@ -14,7 +14,7 @@ async fn requests_move_to_a_healthy_node_when_one_fails_before_answering() {
         // all go where their prefix ranks first (conversations_stay_on_one_node covers that).
         let fed = Fed::start(Options {
             engines: vec![failing(FailMode::Drop), engine(&[MODEL])],
-            tune: |c| c.routing = tela_core::RoutingPolicy::P2c,
+            tune: |c| c.routing = tela_core::routing::RoutingPolicy::P2c,
             ..Options::default()
         })
         .await;

@@ -2,7 +2,8 @@
 //! `[[spin.model]]`, `budget` and `[spin.cold_start]` tables a gateway reads from its
 //! `gateway.toml`, checked by the same core functions — plus what only a simulation needs: how
 //! long each partition's queue makes a job wait (`[[spin.queue]]`), each model's demand over the
-//! day and engine start-up (`[[spin.demand]]`), bursts and preemptions.
+//! day and engine start-up (`[[spin.demand]]`), bursts, a demand trace to replay
+//! (`[[spin.trace]]`) and preemptions.
 //!
 //! ```toml
 //! [spin]
@@ -32,8 +33,8 @@
 //! ```
 //!
 //! Keys only a batch system needs (a model's `engine`, a partition's `account`, ...) are
-//! accepted and have no effect; a model's `drain_window` is refused: every simulated job is told
-//! to drain `protocol.drain_window_s` before its walltime.
+//! accepted and have no effect. A model's jobs are told to drain its `drain_window` before
+//! their walltime, `protocol.drain_window_s` where it has none.
 
 use super::Workload;
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,22 @@ pub struct Spin {
     pub demand: Vec<ModelDemand>,
     /// Bursts of extra demand on top of the models' daily curves.
     pub burst: Vec<Burst>,
+    /// Requests at fixed times, on top of the curves: a demand trace to replay.
+    pub trace: Vec<TraceStep>,
+}
+
+/// `requests` requests for `model` arriving together at `at_s`, each answering `tokens` tokens.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TraceStep {
+    /// Seconds from the start of the run.
+    pub at_s: f64,
+    /// The model.
+    pub model: String,
+    /// How many requests arrive at once.
+    pub requests: u32,
+    /// Tokens each response streams (at `workload.tokens_per_s`, after `workload.ttft_ms`).
+    pub tokens: u32,
 }
 
 /// How long a job waits in one partition's queue.
@@ -152,6 +169,9 @@ pub struct PlannedModel {
     pub policy: ModelPolicy,
     /// What it is asked for.
     pub demand: ModelDemand,
+    /// How long before the walltime its jobs are told to drain (`None`:
+    /// `protocol.drain_window_s`).
+    pub drain_window: Option<Duration>,
 }
 
 impl PlannedModel {
@@ -215,12 +235,6 @@ impl Spin {
         let mut models: Vec<PlannedModel> = Vec::new();
         for m in &s.model {
             let policy = m.policy(&shapes).map_err(|e| e.to_string())?;
-            if m.drain_window.is_some() {
-                return Err(format!(
-                    "{}: the simulator tells every job to drain protocol.drain_window_s before its walltime; set that instead",
-                    m.key("drain_window")
-                ));
-            }
             if models.iter().any(|o| o.name() == m.name) {
                 return Err(format!("spin.model[{}]: is defined twice", m.name));
             }
@@ -233,7 +247,7 @@ impl Spin {
             if demand.tokens[0] > demand.tokens[1] || demand.base_per_s > demand.peak_per_s {
                 return Err(format!("spin.demand[{}]: need tokens [low, high] and base_per_s <= peak_per_s", m.name));
             }
-            models.push(PlannedModel { policy, demand });
+            models.push(PlannedModel { policy, demand, drain_window: m.drain_window.map(|d| d.0) });
         }
         let named = |name: &str| s.model.iter().any(|m| m.name == name);
         if let Some(d) = s.demand.iter().find(|d| !named(&d.model)) {
@@ -242,8 +256,14 @@ impl Spin {
         if let Some(b) = s.burst.iter().find(|b| !named(&b.model)) {
             return Err(format!("spin.burst names model '{}', which is not a [[spin.model]]", b.model));
         }
+        if let Some(t) = s.trace.iter().find(|t| !named(&t.model)) {
+            return Err(format!("spin.trace names model '{}', which is not a [[spin.model]]", t.model));
+        }
+        if let Some(t) = s.trace.iter().find(|t| t.at_s.is_nan() || t.at_s < 0.0) {
+            return Err(format!("spin.trace[{}].at_s: must be a time from the start, not {}", t.model, t.at_s));
+        }
         // The core's own checks, for anything the ones above do not cover.
-        tela_core::Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
+        tela_core::spin::Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
             .map_err(|e| format!("spin.model: {e}"))?;
         Ok(SpinPlan { interval, limits, cold_start, shapes, queue_wait_s, models })
     }

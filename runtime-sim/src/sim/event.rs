@@ -60,6 +60,8 @@ pub(crate) enum Kind {
     SpinPreempt,
     /// Once a simulated minute: the spinning timeline.
     SpinMinute,
+    /// Step `i` of the scenario's demand trace (`[[spin.trace]]`).
+    SpinTrace(u32),
 }
 
 impl Kind {
@@ -91,6 +93,7 @@ impl Kind {
             Kind::SpinMinute => (22, 0, 0),
             Kind::LinkTimeout { peer, of } => (23, *peer, *of),
             Kind::PartitionIdle { a, b, .. } => (24, *a, *b),
+            Kind::SpinTrace(i) => (25, *i, 0),
         }
     }
 }

@@ -17,6 +17,7 @@ impl Sim {
         let p = self.sc.protocol.clone();
         let seed = self.seed;
         let now = self.now;
+        let drain_window = self.spin_drain_window(h).unwrap_or(Duration::from_secs_f64(p.drain_window_s));
         let host = &mut self.hosts[h as usize];
         host.job += 1;
         host.ending = false;
@@ -33,7 +34,7 @@ impl Sim {
         };
         c.hardware = host.hardware.clone();
         c.rng_seed = rng::node_seed(seed, h, host.job);
-        c.drain_window = Duration::from_secs_f64(p.drain_window_s);
+        c.drain_window = drain_window;
         c.membership.eager_sends = p.eager_sends;
         c.membership.answers_per_round = p.answers_per_round;
         let detector = &mut c.membership.detector;

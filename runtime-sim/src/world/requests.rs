@@ -5,7 +5,8 @@ use crate::sim::{host_of, id_of, micros, Kind, Micros, Sim};
 use crate::track::DrainCause;
 use rand::Rng;
 use tela_core::retry::{Attempts, Next, Outcome};
-use tela_core::{route, Input, Lifecycle, Load, RouteError};
+use tela_core::routing::{route, RouteError};
+use tela_core::{Input, Lifecycle, Load};
 
 /// One client request.
 #[derive(Clone, Debug)]

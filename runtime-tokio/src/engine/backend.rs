@@ -9,7 +9,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
-use tela_core::record::MAX_MODEL_NAME;
+use tela_core::MAX_MODEL_NAME;
 use tela_core::{Model, Quantization, MAX_DATAGRAM};
 
 /// The error type of request bodies sent to the engine.
@@ -251,7 +251,7 @@ pub fn parse_models(body: &[u8]) -> Result<Vec<Model>, ModelListError> {
     if models.is_empty() {
         return Err(ModelListError::Empty);
     }
-    let max = tela_core::record::MAX_MODELS;
+    let max = tela_core::MAX_MODELS;
     if models.len() > max {
         tracing::warn!(
             "the engine lists {} models; announcing the first {max} (one record holds at most {max}; datagrams are at most {MAX_DATAGRAM} bytes)",

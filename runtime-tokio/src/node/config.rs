@@ -9,9 +9,9 @@ use crate::ssh::SshVia;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tela_core::hardware::ProfileError;
-use tela_core::record::{MAX_MODELS, MAX_MODEL_NAME};
 use tela_core::Hardware;
+use tela_core::ProfileError;
+use tela_core::{MAX_MODELS, MAX_MODEL_NAME};
 use tela_transports::{JoinSecret, TransportMode};
 
 /// The longest `--load-interval`: gateways judge reports older than a few seconds stale.

@@ -20,7 +20,7 @@ use crate::runtime::{Exit, Runtime, RuntimeConfig};
 use crate::signals::{NodeSignal, NodeSignals};
 use crate::walltime::{slurm_time_left, WalltimeSource};
 use std::time::Duration;
-use tela_core::hardware::ProfileError;
+use tela_core::ProfileError;
 use tela_core::{Config, Reachability, Role};
 use tela_transports::{Endpoint, EndpointConfig, EndpointError, IdentityError};
 use tokio::time::Instant;

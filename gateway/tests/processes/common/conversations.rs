@@ -3,8 +3,8 @@
 //! ranks each conversation by (computed here, from the head and the node ids alone).
 
 use serde_json::{json, Value};
-use tela_core::routing::rendezvous_weight;
-use tela_core::{NodeId, Prefix};
+use tela_core::routing::Prefix;
+use tela_core::NodeId;
 
 use super::{post, Fed, MODEL};
 
@@ -37,8 +37,8 @@ pub fn opening(i: usize) -> (Vec<Value>, String) {
 pub fn ranking(fed: &Fed, i: usize) -> Vec<String> {
     let (_, first) = opening(i);
     let head = Prefix::of_messages([("system", SYSTEM.as_bytes()), ("user", first.as_bytes())]);
-    let key = head.key().expect("a head with content has a key");
+    assert!(head.key().is_some(), "a head with content has a key");
     let mut ids: Vec<NodeId> = fed.nodes.iter().map(|n| n.id).collect();
-    ids.sort_by_key(|id| std::cmp::Reverse(rendezvous_weight(key, id)));
+    ids.sort_by_key(|id| std::cmp::Reverse(head.weight(id)));
     ids.iter().map(NodeId::to_string).collect()
 }

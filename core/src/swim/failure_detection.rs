@@ -4,14 +4,15 @@
 //! suspicion or a message from a member held dead is answered directly, and a member that hears
 //! itself declared dead comes back in a new generation.
 //!
-//! Replay a failing seed with `cargo test -p tela-core --test swim_failure_detection`; every
+//! Replay a failing seed with `cargo test -p tela-core --lib swim::failure_detection`; every
 //! assertion names its seed.
 
+use super::{Action, Event, Rumor, Swim, SwimConfig};
+use crate::broadcast::{BroadcastQueue, Update};
+use crate::id::NodeId;
+use crate::time::Time;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
-use tela_core::broadcast::{BroadcastQueue, Update};
-use tela_core::swim::{Action, Event, Rumor, Swim, SwimConfig};
-use tela_core::{NodeId, Time};
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
