@@ -53,6 +53,7 @@ mod slurm_rest;
 mod slurm_sbatch;
 mod spinning_goes_where_the_queue_starts_soonest;
 mod spinning_on_local_slurm;
+mod spinning_replays_a_trace_like_the_simulator;
 mod spinning_starts_nodes_on_demand;
 mod spinning_through_firecrest;
 mod status_metrics_and_the_terminal_table;
