@@ -462,7 +462,9 @@ impl Scenario {
         if self.protocol.protocol_period_ms < 2 {
             return bad("protocol.protocol_period_ms must be at least 2".into());
         }
-        self.spin.validate(&self.workload).map_err(|reason| ScenarioError::Invalid { name: self.name.clone(), reason })
+        self.spin
+            .validate(&self.workload)
+            .map_err(|e| ScenarioError::Invalid { name: self.name.clone(), reason: e.to_string() })
     }
 }
 

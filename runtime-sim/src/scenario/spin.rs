@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tela_core::placement::NodeShape;
 use tela_core::spin::config::{
-    limits, positive, BudgetSection, ColdStart, ColdStartSection, Dur, ModelSection, PartitionSection,
+    limits, positive, BudgetSection, ColdStart, ColdStartSection, Dur, InvalidKey, ModelSection, PartitionSection,
 };
 use tela_core::spin::{ModelPolicy, SpinConfig};
 
@@ -204,80 +204,96 @@ impl Spin {
         !self.model.is_empty()
     }
 
-    /// Checks the section with the gateway's rules and the simulation's own; the error says
-    /// which key is wrong and why.
-    pub fn plan(&self) -> Result<SpinPlan, String> {
+    /// Checks the section with the gateway's rules and the simulation's own; the error names
+    /// the key at fault and says why.
+    pub fn plan(&self) -> Result<SpinPlan, InvalidKey> {
         let s = self;
-        let interval = positive("spin.interval", s.interval, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-        let limits = limits(s.max_concurrent_jobs, s.budget.as_ref()).map_err(|e| e.to_string())?;
-        let cold_start = ColdStartSection::resolve(s.cold_start.as_ref()).map_err(|e| e.to_string())?;
+        let interval = positive("spin.interval", s.interval, Duration::from_secs(5))?;
+        let limits = limits(s.max_concurrent_jobs, s.budget.as_ref())?;
+        let cold_start = ColdStartSection::resolve(s.cold_start.as_ref())?;
         if s.partition.is_empty() {
-            return Err("spin.partition: at least one [[spin.partition]] is needed to place the models".into());
+            return Err(bad("spin.partition", "at least one [[spin.partition]] is needed to place the models"));
         }
         let mut shapes: Vec<NodeShape> = Vec::new();
         for p in &s.partition {
-            let (_, hardware) = p.hardware().map_err(|e| e.to_string())?;
+            let (_, hardware) = p.hardware()?;
             if shapes.iter().any(|q| q.name == p.name) {
-                return Err(format!("spin.partition[{}]: is defined twice", p.name));
+                return Err(bad(format!("spin.partition[{}]", p.name), "is defined twice"));
             }
             shapes.push(NodeShape::new(p.name.clone(), hardware, p.nodes));
         }
         let mut queue_wait_s = vec![DEFAULT_QUEUE_WAIT_S; shapes.len()];
         for q in &s.queue {
+            let key = |field: &str| format!("spin.queue[{}].{field}", q.partition);
             let Some(i) = shapes.iter().position(|p| p.name == q.partition) else {
-                return Err(format!("spin.queue names partition '{}', which is not a [[spin.partition]]", q.partition));
+                return Err(bad(key("partition"), format!("'{}' is not a [[spin.partition]]", q.partition)));
             };
             if q.wait_s[0] > q.wait_s[1] || q.wait_s[0] < 0.0 {
-                return Err(format!("spin.queue[{}].wait_s: must be [low, high] with 0 <= low <= high", q.partition));
+                return Err(bad(key("wait_s"), "must be [low, high] with 0 <= low <= high"));
             }
             queue_wait_s[i] = q.wait_s;
         }
         let mut models: Vec<PlannedModel> = Vec::new();
         for m in &s.model {
-            let policy = m.policy(&shapes).map_err(|e| e.to_string())?;
+            let policy = m.policy(&shapes)?;
             if models.iter().any(|o| o.name() == m.name) {
-                return Err(format!("spin.model[{}]: is defined twice", m.name));
+                return Err(bad(format!("spin.model[{}]", m.name), "is defined twice"));
             }
             let demand = s.demand.iter().find(|d| d.model == m.name).cloned();
             let demand = demand.unwrap_or_else(|| ModelDemand { model: m.name.clone(), ..ModelDemand::default() });
+            let key = |field: &str| format!("spin.demand[{}].{field}", m.name);
             let [from, to] = demand.active_hours;
             if !(0.0..=24.0).contains(&from) || !(0.0..=24.0).contains(&to) || from > to {
-                return Err(format!("spin.demand[{}].active_hours: must be [from, to] within 0..=24", m.name));
+                return Err(bad(key("active_hours"), "must be [from, to] within 0..=24"));
             }
-            if demand.tokens[0] > demand.tokens[1] || demand.base_per_s > demand.peak_per_s {
-                return Err(format!("spin.demand[{}]: need tokens [low, high] and base_per_s <= peak_per_s", m.name));
+            if demand.tokens[0] > demand.tokens[1] {
+                return Err(bad(key("tokens"), "must be [low, high]"));
+            }
+            if demand.base_per_s > demand.peak_per_s {
+                return Err(bad(key("base_per_s"), "must not be above peak_per_s"));
             }
             models.push(PlannedModel { policy, demand, drain_window: m.drain_window.map(|d| d.0) });
         }
         let named = |name: &str| s.model.iter().any(|m| m.name == name);
+        let unknown = |table: &str, model: &str| {
+            bad(format!("spin.{table}[{model}].model"), format!("'{model}' is not a [[spin.model]]"))
+        };
         if let Some(d) = s.demand.iter().find(|d| !named(&d.model)) {
-            return Err(format!("spin.demand names model '{}', which is not a [[spin.model]]", d.model));
+            return Err(unknown("demand", &d.model));
         }
         if let Some(b) = s.burst.iter().find(|b| !named(&b.model)) {
-            return Err(format!("spin.burst names model '{}', which is not a [[spin.model]]", b.model));
+            return Err(unknown("burst", &b.model));
         }
         if let Some(t) = s.trace.iter().find(|t| !named(&t.model)) {
-            return Err(format!("spin.trace names model '{}', which is not a [[spin.model]]", t.model));
+            return Err(unknown("trace", &t.model));
         }
         if let Some(t) = s.trace.iter().find(|t| t.at_s.is_nan() || t.at_s < 0.0) {
-            return Err(format!("spin.trace[{}].at_s: must be a time from the start, not {}", t.model, t.at_s));
+            return Err(bad(
+                format!("spin.trace[{}].at_s", t.model),
+                format!("must be a time from the start, not {}", t.at_s),
+            ));
         }
         // The core's own checks, for anything the ones above do not cover.
         tela_core::spin::Spinner::new(limits, models.iter().map(|m| m.policy.clone()).collect())
-            .map_err(|e| format!("spin.model: {e}"))?;
+            .map_err(|e| bad("spin.model", e.to_string()))?;
         Ok(SpinPlan { interval, limits, cold_start, shapes, queue_wait_s, models })
     }
 
     /// Checks the spinning section of a scenario whose engines stream `workload.tokens_per_s`;
     /// the error says what is wrong.
-    pub(super) fn validate(&self, workload: &Workload) -> Result<(), String> {
+    pub(super) fn validate(&self, workload: &Workload) -> Result<(), InvalidKey> {
         if !self.enabled() {
             return Ok(());
         }
         self.plan()?;
         if workload.tokens_per_s <= 0.0 {
-            return Err("workload.tokens_per_s must be above zero".into());
+            return Err(bad("workload.tokens_per_s", "must be above zero"));
         }
         Ok(())
     }
+}
+
+/// A refusal of `key`.
+fn bad(key: impl Into<String>, reason: impl Into<String>) -> InvalidKey {
+    InvalidKey { key: key.into(), reason: reason.into() }
 }
