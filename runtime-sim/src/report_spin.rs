@@ -183,7 +183,7 @@ impl SpinReport {
             .enumerate()
             .map(|(i, model)| SpinModelReport {
                 name: model.name().to_string(),
-                placement: tela_core::placement::place(&spin.policies[i].spec, &spin.shapes)
+                placement: tela_core::placement::place(&model.policy.spec, &spin.plan.shapes)
                     .map_or_else(|e| e.to_string(), |p| p.to_string()),
                 gpus_per_replica: spin.gpus_per_replica(i),
                 oracle_peak_replicas: usage.oracle_replicas[i].iter().copied().max().unwrap_or(0),

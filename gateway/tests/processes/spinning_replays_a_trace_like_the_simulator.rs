@@ -9,7 +9,7 @@
 //! over and demand stayed away for `scale_down_after`, both replicas are drained.
 
 use crate::common;
-use crate::spinning_starts_nodes_on_demand::LocalBatch;
+use crate::spinning_starts_nodes_on_demand::{spin_header, LocalBatch};
 
 use std::path::Path;
 use std::time::Duration;
@@ -43,34 +43,12 @@ const TOKENS_PER_S: u32 = 40;
 
 /// The gateway's decisions: what it asked of the batch system, as `<kind> <model>`.
 async fn through_the_gateway(dir: &Path) -> Vec<String> {
-    let secret = dir.join("join-secret");
-    std::fs::write(&secret, SECRET).expect("secret file");
     let anchor = format!("127.0.0.1:{}", free_port());
-    let tables = TABLES.replace(
-        "max_replicas",
-        &format!(
-            "engine = \"{} engine-sim --port {{port}} --model {{model}} --ttft-ms 5 --tokens-per-s {TOKENS_PER_S}\"\nmax_replicas",
-            tela()
-        ),
+    let engine = format!(
+        "engine = \"{} engine-sim --port {{port}} --model {{model}} --ttft-ms 5 --tokens-per-s {TOKENS_PER_S}\"\nmax_replicas",
+        tela()
     );
-    let toml = format!(
-        r#"
-[spin]
-interval = "300ms"
-max_concurrent_jobs = 4
-[spin.backend]
-kind = "sbatch"
-[spin.job]
-tela = "{tela}"
-join = ["{anchor}"]
-join_secret_file = "{secret}"
-transport = "tcp"
-working_dir = "{dir}"
-{tables}"#,
-        tela = tela(),
-        secret = secret.display(),
-        dir = dir.display(),
-    );
+    let toml = format!("{}{}", spin_header(dir, &anchor), TABLES.replace("max_replicas", &engine));
     let batch = LocalBatch::new(dir, true);
     let loaded = LoadedConfig::parse(&toml, "test").expect("valid config");
     let mut config = gateway_config(dir);

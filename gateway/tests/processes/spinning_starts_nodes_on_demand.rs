@@ -181,8 +181,9 @@ impl BatchSystem for LocalBatch {
     }
 }
 
-/// The spin section for models `spun` (the engine simulator) on one small partition.
-fn spin_toml(dir: &Path, anchor: &str, timeout: &str, capacity: usize) -> String {
+/// `[spin]` with its backend and job tables: jobs run `tela node` joining `anchor` over TCP,
+/// with the federation secret written to `dir`. Other files' tests use it too.
+pub(crate) fn spin_header(dir: &Path, anchor: &str) -> String {
     let secret = dir.join("join-secret");
     std::fs::write(&secret, SECRET).expect("secret file");
     format!(
@@ -198,7 +199,17 @@ join = ["{anchor}"]
 join_secret_file = "{secret}"
 transport = "tcp"
 working_dir = "{dir}"
-[spin.cold_start]
+"#,
+        tela = tela(),
+        secret = secret.display(),
+        dir = dir.display(),
+    )
+}
+
+/// The spin section for models `spun` (the engine simulator) on one small partition.
+fn spin_toml(dir: &Path, anchor: &str, timeout: &str, capacity: usize) -> String {
+    format!(
+        r#"{header}[spin.cold_start]
 capacity = {capacity}
 timeout = "{timeout}"
 [[spin.partition]]
@@ -217,9 +228,8 @@ drain_window = "1m"
 scale_down_after = "3s"
 cooldown = "1s"
 "#,
+        header = spin_header(dir, anchor),
         tela = tela(),
-        secret = secret.display(),
-        dir = dir.display(),
     )
 }
 

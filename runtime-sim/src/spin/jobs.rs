@@ -36,7 +36,7 @@ impl Sim {
                 Some(h) => JobStatus::running(JobId(*id), Some(id_of(h))),
             });
         }
-        view.shapes = spin.shapes.clone();
+        view.shapes = spin.plan.shapes.clone();
         for (shape, used) in view.shapes.iter_mut().zip(&spin.used_nodes) {
             shape.free_nodes = shape.free_nodes.saturating_sub(*used);
         }
@@ -79,7 +79,8 @@ impl Sim {
         spin.m.max_live_jobs = spin.m.max_live_jobs.max(live);
         let used = spin.spinner.budget_used_gpu_secs();
         spin.m.max_budget_gpu_s = spin.m.max_budget_gpu_s.max(used);
-        let over = spin.used_nodes.iter().zip(&spin.shapes).map(|(u, s)| i64::from(*u) - i64::from(s.free_nodes)).max();
+        let over =
+            spin.used_nodes.iter().zip(&spin.plan.shapes).map(|(u, s)| i64::from(*u) - i64::from(s.free_nodes)).max();
         spin.m.max_nodes_over = spin.m.max_nodes_over.max(over.unwrap_or(0));
         let limits = spin.plan.limits;
         let mut broken = None;
@@ -122,7 +123,7 @@ impl Sim {
                 let Some(m) = spin.model_index(&model) else { return };
                 spin.m.submits += 1;
                 if let Some(at) = spin.last_release[m] {
-                    if now - at < micros(spin.policies[m].cooldown.as_secs_f64()) {
+                    if now - at < micros(spin.plan.models[m].policy.cooldown.as_secs_f64()) {
                         spin.m.submits_in_cooldown += 1;
                     }
                 }
@@ -186,7 +187,7 @@ impl Sim {
             return;
         }
         let (m, p, walltime) = (j.model, j.partition, j.walltime);
-        let hardware = spin.shapes[p].hardware.clone();
+        let hardware = spin.plan.shapes[p].hardware.clone();
         let model = Model::named(spin.plan.models[m].name().to_string());
         let sites = self.sc.network.sites;
         let h = self.hosts.len() as u32;

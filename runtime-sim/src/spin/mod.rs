@@ -40,8 +40,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tela_core::cold_start::ColdStartQueue;
-use tela_core::placement::{place, NodeShape};
-use tela_core::spin::{DemandMeter, ModelPolicy, Spinner};
+use tela_core::placement::place;
+use tela_core::spin::{DemandMeter, Spinner};
 
 const MINUTE: Micros = 60_000_000;
 
@@ -122,9 +122,6 @@ pub(crate) struct SpinWorld {
     pub spinner: Spinner,
     /// The scenario's `[spin]`, checked.
     pub plan: SpinPlan,
-    pub policies: Vec<ModelPolicy>,
-    /// Every partition with all its nodes free.
-    pub shapes: Vec<NodeShape>,
     used_nodes: Vec<u32>,
     rng: ChaCha8Rng,
     pub jobs: BTreeMap<u64, SimJob>,
@@ -143,9 +140,8 @@ impl SpinWorld {
     fn new(sc: &Scenario, seed: u64, gateways: u32) -> SpinWorld {
         // The scenario was validated; a plan refused now is a bug worth a panic in its own words.
         let plan = sc.spin.plan().unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
-        let policies: Vec<ModelPolicy> = plan.models.iter().map(|m| m.policy.clone()).collect();
-        let spinner =
-            Spinner::new(plan.limits, policies.clone()).unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
+        let policies = plan.models.iter().map(|m| m.policy.clone()).collect();
+        let spinner = Spinner::new(plan.limits, policies).unwrap_or_else(|e| panic!("scenario '{}': {e}", sc.name));
         let n = plan.models.len();
         let lambda_max = plan.models.iter().map(|m| m.demand.peak_per_s).sum::<f64>()
             + sc.spin.burst.iter().map(|b| b.rate_per_s).sum::<f64>();
@@ -153,8 +149,6 @@ impl SpinWorld {
         let cold = plan.cold_start;
         SpinWorld {
             spinner,
-            policies,
-            shapes: plan.shapes.clone(),
             used_nodes: vec![0; plan.shapes.len()],
             rng: rng::stream(seed, Stream::Spin),
             jobs: BTreeMap::new(),
@@ -191,7 +185,7 @@ impl SpinWorld {
 
     /// GPUs a replica of model `m` takes where the spinner would put it with every node free.
     pub(crate) fn gpus_per_replica(&self, m: usize) -> u32 {
-        place(&self.policies[m].spec, &self.shapes).map_or(0, |p| p.gpus())
+        place(&self.plan.models[m].policy.spec, &self.plan.shapes).map_or(0, |p| p.gpus())
     }
 }
 

@@ -45,7 +45,7 @@ impl SpinWorld {
     /// demanded / 60 over `concurrency_per_replica`; arrivals over `arrivals_per_replica`; at
     /// least one replica in any minute with an arrival), within min/max.
     fn oracle(&self, m: usize) -> Vec<u32> {
-        let p = &self.policies[m];
+        let p = &self.plan.models[m].policy;
         self.m.load_s[m]
             .iter()
             .zip(&self.m.arrivals[m])
@@ -63,7 +63,7 @@ impl SpinWorld {
             .values()
             .filter_map(|j| Some(f64::from(j.gpus) * (j.ended.unwrap_or(now) - j.started?) as f64 / 1e6))
             .sum();
-        let mut partitions = vec![(0u64, 0.0f64); self.shapes.len()];
+        let mut partitions = vec![(0u64, 0.0f64); self.plan.shapes.len()];
         for j in self.jobs.values() {
             if let Some(start) = j.started {
                 partitions[j.partition].0 += 1;
@@ -85,7 +85,7 @@ impl SpinWorld {
             oracle_gpu_hours: oracle_gpu_h,
             live_at_end: self.jobs.values().filter(|j| j.ended.is_none()).count() as u64,
             queued_at_end: self.jobs.values().filter(|j| j.ended.is_none() && j.host.is_none()).count() as u64,
-            min_replicas: self.policies.iter().map(|p| u64::from(p.min_replicas)).sum(),
+            min_replicas: self.plan.models.iter().map(|m| u64::from(m.policy.min_replicas)).sum(),
             oracle_replicas,
             partitions,
         }
