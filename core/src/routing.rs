@@ -10,7 +10,8 @@
 //!   highest-ranked candidate that is not over the load bound. A request without content falls
 //!   back to least-loaded.
 //! - [`RoutingPolicy::LeastLoaded`]: the candidate with the lowest load score,
-//!   `(in_flight + 1) × tier weight`; ties go to the lowest [`NodeId`].
+//!   `(in_flight + 1) × tier weight`, one with room (step 6 below) before one without; ties go
+//!   to the lowest [`NodeId`].
 //! - [`RoutingPolicy::P2c`]: power-of-two-choices ([`route`]): draw two candidates at random
 //!   and keep the one with the lower load score. Two draws instead of a scan keep it `O(1)` at
 //!   any federation size, but it is blind to what an engine holds in its KV cache.
@@ -67,7 +68,16 @@
 //!    bound is larger (SGLang's router has the same absolute threshold beside its relative one):
 //!    a cached prefix saves more than waiting behind one or two requests costs. The bound always
 //!    leaves at least one candidate: their bounds sum to more than `T`.
-//! 6. **Handover.** A candidate that is [handing over](HostState::handing_over) — its node
+//! 6. **Room.** A candidate whose engine says how many requests it runs at once (its *slots*:
+//!    a llama.cpp server started with `--parallel 1` runs one) has no room when its load fills
+//!    them: a request sent there waits in the engine's queue behind whole generations, which
+//!    costs more than recomputing a prefix elsewhere. So among the candidates within the bound,
+//!    those with room come first: the request goes to the highest-ranked candidate within the
+//!    bound that has room, and to the highest-ranked within the bound only when none has. A
+//!    candidate whose slots are unknown always has room (the bound alone judges it), so without
+//!    slot counts nothing changes. With many slots this rarely trips; with one slot it keeps a
+//!    conversation from queueing behind another while an engine idles.
+//! 7. **Handover.** A candidate that is [handing over](HostState::handing_over) — its node
 //!    leaves soon: its walltime is near — ranks below every other. Steps 4 and 5 run over the
 //!    other candidates as if it were gone (their loads and capacities alone make the bound), and
 //!    it gets a prefix only when no other candidate is usable. So its keys move, before it
@@ -181,20 +191,24 @@ fn tier_weight(tier: u8) -> u64 {
     }
 }
 
-/// What the caller knows of a usable host beyond its record: its load, and whether it hands
-/// over. A plain `u32` converts into it as a load with no handover.
+/// What the caller knows of a usable host beyond its record: its load, how many requests its
+/// engine runs at once, and whether it hands over. A plain `u32` converts into it as a load
+/// with unknown slots and no handover.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostState {
     /// Requests in flight on the host, as the caller counts them.
     pub in_flight: u32,
+    /// Requests the host's engine runs at once, when known: with `in_flight` at or above it the
+    /// host has no room (see the module docs, step 6).
+    pub slots: Option<u32>,
     /// The host leaves soon (its walltime is near) and takes no new conversations: it ranks
-    /// last for prefix-keyed requests (see the module docs, step 6).
+    /// last for prefix-keyed requests (see the module docs, step 7).
     pub handing_over: bool,
 }
 
 impl From<u32> for HostState {
     fn from(in_flight: u32) -> HostState {
-        HostState { in_flight, handing_over: false }
+        HostState { in_flight, slots: None, handing_over: false }
     }
 }
 
@@ -205,6 +219,7 @@ struct Candidate {
     in_flight: u32,
     /// The tier weight in tenths: a higher weight means a slower node.
     weight: u64,
+    slots: Option<u32>,
     handing_over: bool,
 }
 
@@ -213,15 +228,22 @@ impl Candidate {
         (u64::from(self.in_flight) + 1) * self.weight
     }
 
+    /// Whether a request sent now would start at once rather than queue at the engine: its
+    /// slots are unknown, or not all taken.
+    fn has_room(&self) -> bool {
+        self.slots.map_or(true, |slots| self.in_flight < slots)
+    }
+
     /// Capacity, the inverse of the tier weight, in integers (60, 40, 30, 24).
     fn capacity(&self) -> u64 {
         600 / self.weight
     }
 }
 
-/// The candidate with the lowest load score; ties go to the lowest id.
+/// The candidate with the lowest load score, one with room before one without; ties go to the
+/// lowest id.
 fn least_loaded(candidates: &[Candidate]) -> Option<NodeId> {
-    candidates.iter().min_by_key(|c| (c.score(), c.id)).map(|c| c.id)
+    candidates.iter().min_by_key(|c| (!c.has_room(), c.score(), c.id)).map(|c| c.id)
 }
 
 /// Whether `c` may take one more request under the bound, given everything in flight on the
@@ -234,8 +256,8 @@ fn within_bound(c: &Candidate, total_in_flight: u64, total_capacity: u64) -> boo
     u128::from(c.in_flight) < relative.max(absolute)
 }
 
-/// The highest-ranked candidate for `key` within the load bound, among those that do not hand
-/// over if there are any (see the module docs).
+/// The highest-ranked candidate for `key` within the load bound, one with room before one
+/// without, among those that do not hand over if there are any (see the module docs).
 fn by_prefix(key: u64, candidates: &[Candidate]) -> Option<NodeId> {
     let staying: Vec<Candidate> = candidates.iter().filter(|c| !c.handing_over).copied().collect();
     let candidates = if staying.is_empty() { candidates } else { &staying };
@@ -244,7 +266,7 @@ fn by_prefix(key: u64, candidates: &[Candidate]) -> Option<NodeId> {
     candidates
         .iter()
         .filter(|c| within_bound(c, total_in_flight, total_capacity))
-        .max_by_key(|c| (rendezvous_weight(key, &c.id), core::cmp::Reverse(c.id)))
+        .max_by_key(|c| (c.has_room(), rendezvous_weight(key, &c.id), core::cmp::Reverse(c.id)))
         .map(|c| c.id)
         // The bounds sum to more than everything in flight, so this is only for safety.
         .or_else(|| least_loaded(candidates))
@@ -277,8 +299,8 @@ pub fn route_with<R: Rng + ?Sized, H: Into<HostState>>(
         .filter(|&id| usable(id))
         .map(|id| {
             let tier = replica.get(&id).map_or(4, |s| s.record().hardware.gpu.tier());
-            let HostState { in_flight, handing_over } = host(id).into();
-            Candidate { id, in_flight, weight: tier_weight(tier), handing_over }
+            let HostState { in_flight, slots, handing_over } = host(id).into();
+            Candidate { id, in_flight, weight: tier_weight(tier), slots, handing_over }
         })
         .collect();
     let picked = match (policy, prefix.key()) {
@@ -486,8 +508,51 @@ mod tests {
         // A different RNG every time: the prefix policy must not depend on it.
         static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut rng = ChaCha8Rng::seed_from_u64(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let host = |id: NodeId| HostState { in_flight: load(id.short()), handing_over: leaving(id.short()) };
+        let host =
+            |id: NodeId| HostState { in_flight: load(id.short()), slots: None, handing_over: leaving(id.short()) };
         route_with(policy, r, "m", prefix, |id| usable(id.short()), host, &mut rng).expect("a usable host").short()
+    }
+
+    /// The node the prefix policy picks with `slots(n)` the slots of node `n`.
+    fn with_slots(r: &Replica, prefix: &Prefix, load: impl Fn(u64) -> u32, slots: impl Fn(u64) -> Option<u32>) -> u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let host =
+            |id: NodeId| HostState { in_flight: load(id.short()), slots: slots(id.short()), handing_over: false };
+        route_with(RoutingPolicy::Prefix, r, "m", prefix, |_| true, host, &mut rng).expect("a usable host").short()
+    }
+
+    #[test]
+    fn a_conversation_does_not_queue_behind_another_while_a_node_has_room() {
+        // Two engines that run one request at a time (llama.cpp with `--parallel 1`).
+        let r = replica_of(&[1, 2]);
+        let prefix = chat(&[("user", "hello")]);
+        let home = prefix_route(&r, &prefix, |_| true, |_| 0);
+        let other = 3 - home;
+        let one = |_| Some(1);
+        assert_eq!(with_slots(&r, &prefix, |_| 0, one), home, "both idle: its own node");
+        // Its node is busy with one request, well within the bound, but the other idles.
+        let busy_home = |n: u64| u32::from(n == home);
+        assert_eq!(prefix_route(&r, &prefix, |_| true, busy_home), home, "slots unknown: it waits at home");
+        assert_eq!(with_slots(&r, &prefix, busy_home, one), other, "no room at home: the idle node");
+        // Both full: the bound alone decides, as without slots.
+        assert_eq!(with_slots(&r, &prefix, |_| 1, one), home);
+        // Slots that are not filled change nothing.
+        assert_eq!(with_slots(&r, &prefix, busy_home, |_| Some(16)), home);
+        // One slot count known, the other not: the unknown one always has room.
+        let only_home_known = |n: u64| (n == home).then_some(1);
+        assert_eq!(with_slots(&r, &prefix, busy_home, only_home_known), other);
+        // Least-loaded also takes a node with room first, even one with the higher score.
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let host = |id: NodeId| {
+            let n = id.short();
+            HostState {
+                in_flight: if n == 1 { 2 } else { 3 },
+                slots: Some(if n == 1 { 2 } else { 4 }),
+                handing_over: false,
+            }
+        };
+        let picked = route_with(RoutingPolicy::LeastLoaded, &r, "m", &prefix, |_| true, host, &mut rng);
+        assert_eq!(picked.map(|id| id.short()), Ok(2));
     }
 
     #[test]
@@ -513,7 +578,7 @@ mod tests {
             assert_eq!(routed(policy, &r, &keyless, |_| true, idle_first, handing_over), first, "{policy}");
         }
         // A plain load is a host that does not hand over.
-        assert_eq!(HostState::from(7), HostState { in_flight: 7, handing_over: false });
+        assert_eq!(HostState::from(7), HostState { in_flight: 7, slots: None, handing_over: false });
     }
 
     /// The bound of the module docs with equal tiers: `⌈1.25 × (T + 1) / n⌉`, or
@@ -601,6 +666,30 @@ mod tests {
                     prop_assert!(u64::from(load(n)) >= bound, "{n} was within the bound and ranks higher");
                 }
             }
+        }
+
+        #[test]
+        fn a_node_with_room_within_the_bound_is_preferred_and_slots_left_unfilled_change_nothing(
+            ids in node_ids(),
+            key in any::<u64>(),
+            loads in proptest::collection::vec(0u32..8, 12),
+            slots in proptest::collection::vec(proptest::option::of(1u32..6), 12),
+        ) {
+            let r = replica_of(&ids);
+            let prefix = Prefix::of_prompt(&key.to_le_bytes());
+            let at = |n: u64| ids.iter().position(|&i| i == n).unwrap_or(0);
+            let (load, slot) = (|n: u64| loads[at(n)], |n: u64| slots[at(n)]);
+            let room = |n: u64| slot(n).map_or(true, |s| load(n) < s);
+            let chosen = with_slots(&r, &prefix, load, slot);
+            let bound = mean_bound(&loads[..ids.len()]);
+            prop_assert!(u64::from(load(chosen)) < bound, "still within the bound");
+            if ids.iter().any(|&n| room(n) && u64::from(load(n)) < bound) {
+                prop_assert!(room(chosen), "{chosen} has no room, and a node within the bound has");
+            } else {
+                prop_assert_eq!(chosen, prefix_route(&r, &prefix, |_| true, load), "nobody has room: as without slots");
+            }
+            // Slots above every load are as good as unknown.
+            prop_assert_eq!(with_slots(&r, &prefix, load, |_| Some(8)), prefix_route(&r, &prefix, |_| true, load));
         }
 
         #[test]

@@ -50,6 +50,16 @@
 //! gateway reads the same reports, gateways also agree on loads far more often than on their
 //! own counts alone, which keeps prefix affinity identical across them under load.
 //!
+//! # Room at the engine
+//!
+//! An engine runs some requests at once and queues the rest: vLLM up to its `max_num_seqs`, a
+//! llama.cpp server one per `--parallel` slot (one by default). A node that knows its engine's
+//! slots (`tela node --engine-slots`) says so in its reports; a node whose engine reports
+//! requests waiting is taken as full at the count it runs ([`engine_slots`]). The core then
+//! gives a conversation to a node with room before a full one within the load bound
+//! ([`tela_core::routing::HostState::slots`]): with one-slot engines, a turn that would queue
+//! behind another conversation's whole generation goes to an idle engine instead.
+//!
 //! # Nodes that hand over
 //!
 //! A node whose walltime is near says, in its load reports, how long until it starts draining
@@ -103,10 +113,28 @@ pub fn combined_load(own: u32, report: Option<FreshLoad>) -> u32 {
     own.saturating_add(others).saturating_add(u32::from(kv_pressure))
 }
 
+/// The requests an engine runs at once, from its fresh report: the slots its node declared, or,
+/// while requests wait at the engine, as many as it runs now (see the module docs).
+pub fn engine_slots(report: Option<FreshLoad>) -> Option<u32> {
+    let engine = report?.engine;
+    engine.slots.or((engine.waiting > 0).then_some(engine.running))
+}
+
 /// `node`'s load as the policy sees it at `now`: [`combined_load`] of this gateway's count and
 /// the node's report, if younger than [`REPORT_MAX_AGE`].
 pub fn node_load(view: &RuntimeView, load: &NodeLoad, node: &NodeId, now: Instant) -> u32 {
     combined_load(load.get(node), view.load_reports().fresh(node, now, REPORT_MAX_AGE))
+}
+
+/// What the policy knows of `node` at `now`: its [`combined_load`], its [`engine_slots`] and
+/// whether it is [`handing_over`].
+pub fn host_state(view: &RuntimeView, load: &NodeLoad, node: &NodeId, now: Instant) -> HostState {
+    let report = view.load_reports().fresh(node, now, REPORT_MAX_AGE);
+    HostState {
+        in_flight: combined_load(load.get(node), report),
+        slots: engine_slots(report),
+        handing_over: handing_over(view, node, now),
+    }
 }
 
 /// Whether `node` hands over at `now`: its latest report, however old, says it leaves soon
@@ -253,7 +281,7 @@ pub fn choose(
         target.model,
         target.prefix,
         &mut usable,
-        |id| HostState { in_flight: node_load(view, load, &id, now), handing_over: handing_over(view, &id, now) },
+        |id| host_state(view, load, &id, now),
         &mut rand::rng(),
     )?;
     let connection = match connections.remove(&node) {
@@ -611,7 +639,7 @@ mod tests {
     /// A report of `running` and `waiting` (and KV usage) that arrived while this gateway had
     /// `own_then` requests in flight on the node.
     fn report(running: u32, waiting: u32, kv_permille: Option<u16>, own_then: u32) -> Option<FreshLoad> {
-        let engine = tela_runtime::load_report::EngineLoad { running, waiting, kv_permille };
+        let engine = tela_runtime::load_report::EngineLoad { running, waiting, kv_permille, slots: None };
         Some(FreshLoad { engine, local_at_arrival: own_then })
     }
 
@@ -631,6 +659,18 @@ mod tests {
     }
 
     #[test]
+    fn slots_are_what_the_node_says_or_what_a_queueing_engine_runs() {
+        let with = |slots: Option<u32>, running, waiting| {
+            let engine = tela_runtime::load_report::EngineLoad { running, waiting, kv_permille: None, slots };
+            engine_slots(Some(FreshLoad { engine, local_at_arrival: 0 }))
+        };
+        assert_eq!(engine_slots(None), None, "no fresh report: unknown");
+        assert_eq!(with(None, 3, 0), None, "nothing waits: unknown");
+        assert_eq!(with(None, 16, 2), Some(16), "requests wait: full at what it runs");
+        assert_eq!(with(Some(1), 1, 3), Some(1), "the node's word first");
+    }
+
+    #[test]
     fn stale_reports_fall_back_to_in_flight() {
         use tela_runtime::load_report::{encode, LoadReport, LoadReports, ModelLoad};
         let reports = LoadReports::default();
@@ -641,6 +681,7 @@ mod tests {
             seq: 1,
             models: vec![ModelLoad { model: "m".into(), running: 8, waiting: 4, kv_permille: Some(500) }],
             leaving_in_ms: None,
+            slots: None,
         };
         reports.count_local_with(|_| 1);
         reports.receive(node, &encode(&busy), at).expect("a valid report");

@@ -97,6 +97,7 @@ pub fn status_json(shared: &Shared) -> Value {
                     "running": total.running,
                     "waiting": total.waiting,
                     "kv_permille": total.kv_permille,
+                    "slots": total.slots,
                     "age_ms": u64::try_from(got.age(now).as_millis()).unwrap_or(u64::MAX),
                     "fresh": got.age(now) < crate::routing::REPORT_MAX_AGE,
                     "seq": got.report.seq,

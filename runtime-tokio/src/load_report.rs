@@ -7,11 +7,12 @@
 //! A report is one datagram on a connection the node opened:
 //!
 //! ```text
-//! [LOAD_REPORT_TAG = 0xF0][LOAD_REPORT_VERSION = 2][postcard(LoadReport)]
+//! [LOAD_REPORT_TAG = 0xF0][LOAD_REPORT_VERSION = 3][postcard(LoadReport)]
 //! ```
 //!
-//! Version 2 added [`LoadReport::leaving_in_ms`] at the end; a version-1 report (the same
-//! fields without it) is still read, as a node that is not leaving.
+//! Version 2 added [`LoadReport::leaving_in_ms`] at the end, version 3 [`LoadReport::slots`]
+//! after it; older reports (the same fields without them) are still read, as a node that is
+//! not leaving and whose slots are unknown.
 //!
 //! The first byte keeps it apart from the core's membership datagrams, which start with the
 //! core's wire version (`tela_core::WIRE_VERSION`, a small number counting up from 1):
@@ -63,8 +64,10 @@ use tela_core::{MAX_MODELS, MAX_MODEL_NAME};
 /// First byte of a load-report datagram; the core's datagrams start with its wire version.
 pub const LOAD_REPORT_TAG: u8 = 0xF0;
 /// Second byte: the report format. Bumped on any incompatible change.
-pub const LOAD_REPORT_VERSION: u8 = 2;
-/// The previous format, still read: a report without [`LoadReport::leaving_in_ms`].
+pub const LOAD_REPORT_VERSION: u8 = 3;
+/// An older format, still read: a report without [`LoadReport::slots`].
+const LOAD_REPORT_VERSION_2: u8 = 2;
+/// The oldest format, still read: a report without [`LoadReport::leaving_in_ms`] either.
 const LOAD_REPORT_VERSION_1: u8 = 1;
 
 /// Reports older than this are dropped from the table when it is pruned.
@@ -98,9 +101,22 @@ pub struct LoadReport {
     /// Set while the node hands over, its walltime near: milliseconds from sending until it
     /// starts draining (0 once it has). Gateways rank it last for new conversations.
     pub leaving_in_ms: Option<u64>,
+    /// How many requests the engine runs at once, when the node knows (its `--engine-slots`):
+    /// a request beyond them queues at the engine. Gateways give a conversation to a node with
+    /// room before a full one (`tela_core::routing`, room).
+    pub slots: Option<u32>,
 }
 
-/// A version-1 report: [`LoadReport`] without `leaving_in_ms`.
+/// A version-2 report: [`LoadReport`] without `slots`.
+#[derive(Deserialize)]
+struct LoadReportV2 {
+    epoch: u64,
+    seq: u64,
+    models: Vec<ModelLoad>,
+    leaving_in_ms: Option<u64>,
+}
+
+/// A version-1 report: [`LoadReport`] without `leaving_in_ms` and `slots`.
 #[derive(Deserialize)]
 struct LoadReportV1 {
     epoch: u64,
@@ -118,15 +134,19 @@ pub struct EngineLoad {
     pub waiting: u32,
     /// The highest KV-cache usage of any model, per-mille, if any model reports one.
     pub kv_permille: Option<u16>,
+    /// Requests the engine runs at once, if the node says ([`LoadReport::slots`]).
+    pub slots: Option<u32>,
 }
 
 impl LoadReport {
     /// The engine's load over all its models.
     pub fn total(&self) -> EngineLoad {
-        self.models.iter().fold(EngineLoad::default(), |acc, m| EngineLoad {
+        let none = EngineLoad { slots: self.slots, ..EngineLoad::default() };
+        self.models.iter().fold(none, |acc, m| EngineLoad {
             running: acc.running.saturating_add(m.running),
             waiting: acc.waiting.saturating_add(m.waiting),
             kv_permille: acc.kv_permille.max(m.kv_permille),
+            slots: acc.slots,
         })
     }
 }
@@ -181,9 +201,13 @@ pub fn decode(datagram: &[u8]) -> Result<LoadReport, LoadReportError> {
     }
     let report = match datagram {
         [LOAD_REPORT_TAG, LOAD_REPORT_VERSION, rest @ ..] => body::<LoadReport>(rest)?,
+        [LOAD_REPORT_TAG, LOAD_REPORT_VERSION_2, rest @ ..] => {
+            let LoadReportV2 { epoch, seq, models, leaving_in_ms } = body(rest)?;
+            LoadReport { epoch, seq, models, leaving_in_ms, slots: None }
+        }
         [LOAD_REPORT_TAG, LOAD_REPORT_VERSION_1, rest @ ..] => {
             let LoadReportV1 { epoch, seq, models } = body(rest)?;
-            LoadReport { epoch, seq, models, leaving_in_ms: None }
+            LoadReport { epoch, seq, models, leaving_in_ms: None, slots: None }
         }
         [LOAD_REPORT_TAG, version, ..] => return Err(LoadReportError::UnsupportedVersion(*version)),
         _ => return Err(LoadReportError::NotAReport),
@@ -316,6 +340,7 @@ mod tests {
             seq,
             models: vec![ModelLoad { model: "llama".into(), running, waiting: 2, kv_permille: Some(400) }],
             leaving_in_ms: None,
+            slots: None,
         }
     }
 
@@ -330,12 +355,13 @@ mod tests {
                 ModelLoad { model: String::new(), running: 0, waiting: 4, kv_permille: None },
             ],
             leaving_in_ms: Some(240_000),
+            slots: Some(16),
         };
         let bytes = encode(&r);
         assert!(is_load_report(&bytes));
         assert!(bytes.len() < 64, "a report is tiny: {} bytes", bytes.len());
         assert_eq!(decode(&bytes), Ok(r.clone()));
-        assert_eq!(r.total(), EngineLoad { running: 4, waiting: 5, kv_permille: Some(900) });
+        assert_eq!(r.total(), EngineLoad { running: 4, waiting: 5, kv_permille: Some(900), slots: Some(16) });
         assert_ne!(LOAD_REPORT_TAG, tela_core::WIRE_VERSION);
         assert!(!is_load_report(&[tela_core::WIRE_VERSION, 0, 0]));
     }
@@ -350,7 +376,13 @@ mod tests {
                 kv_permille: Some(1000),
             })
             .collect();
-        let bytes = encode(&LoadReport { epoch: u64::MAX, seq: u64::MAX, models, leaving_in_ms: Some(u64::MAX) });
+        let bytes = encode(&LoadReport {
+            epoch: u64::MAX,
+            seq: u64::MAX,
+            models,
+            leaving_in_ms: Some(u64::MAX),
+            slots: Some(u32::MAX),
+        });
         assert!(bytes.len() <= MAX_DATAGRAM, "{} bytes", bytes.len());
         let back = decode(&bytes).expect("decodes");
         assert_eq!(back.models.len(), MAX_MODELS, "the over-long name is left out, then the list is capped");
@@ -364,7 +396,7 @@ mod tests {
         let now = Instant::now();
         let good = encode(&report(1, 1, 3));
         let mut other_version = good.to_vec();
-        other_version[1] = 3;
+        other_version[1] = 4;
         let mut trailing = good.to_vec();
         trailing.push(0);
         let mut kv_out_of_range = report(1, 1, 3);
@@ -373,7 +405,7 @@ mod tests {
             (vec![], LoadReportError::NotAReport),
             (vec![3, 1, 2], LoadReportError::NotAReport),
             (vec![LOAD_REPORT_TAG], LoadReportError::NotAReport),
-            (other_version, LoadReportError::UnsupportedVersion(3)),
+            (other_version, LoadReportError::UnsupportedVersion(4)),
             (vec![LOAD_REPORT_TAG; MAX_DATAGRAM + 1], LoadReportError::Oversized(MAX_DATAGRAM + 1)),
         ] {
             assert_eq!(table.receive(node, &bytes, now), Err(want));
@@ -383,6 +415,25 @@ mod tests {
         }
         assert!(table.latest(&node).is_none());
         assert_eq!(table.rejected(), 8);
+    }
+
+    #[test]
+    fn version_2_reports_are_read_with_unknown_slots() {
+        #[derive(Serialize)]
+        struct V2 {
+            epoch: u64,
+            seq: u64,
+            models: Vec<ModelLoad>,
+            leaving_in_ms: Option<u64>,
+        }
+        let r = LoadReport { leaving_in_ms: Some(9), ..report(5, 6, 1) };
+        let mut bytes = vec![LOAD_REPORT_TAG, 2];
+        let v2 = V2 { epoch: 5, seq: 6, models: r.models.clone(), leaving_in_ms: Some(9) };
+        bytes.extend(postcard::to_allocvec(&v2).expect("encodes"));
+        assert_eq!(decode(&bytes), Ok(r.clone()));
+        let mut v3 = encode(&LoadReport { slots: Some(1), ..r }).to_vec();
+        v3[1] = 2;
+        assert!(matches!(decode(&v3), Err(LoadReportError::Malformed(_))), "a newer body is refused, not misread");
     }
 
     #[test]
@@ -397,10 +448,10 @@ mod tests {
         let mut bytes = vec![LOAD_REPORT_TAG, 1];
         bytes.extend(postcard::to_allocvec(&V1 { epoch: 5, seq: 6, models: r.models.clone() }).expect("encodes"));
         assert_eq!(decode(&bytes), Ok(r.clone()));
-        // A version-2 body under the version-1 byte has a trailing field: refused, not misread.
-        let mut v2 = encode(&LoadReport { leaving_in_ms: Some(9), ..r }).to_vec();
-        v2[1] = 1;
-        assert!(matches!(decode(&v2), Err(LoadReportError::Malformed(_))));
+        // A newer body under the version-1 byte has trailing fields: refused, not misread.
+        let mut v3 = encode(&LoadReport { leaving_in_ms: Some(9), ..r }).to_vec();
+        v3[1] = 1;
+        assert!(matches!(decode(&v3), Err(LoadReportError::Malformed(_))));
     }
 
     #[test]
@@ -459,6 +510,6 @@ mod tests {
         table.receive(node, &encode(&report(1, 2, 3)), t0).expect("kept");
         let fresh = table.fresh(&node, t0, Duration::from_secs(3)).expect("fresh");
         assert_eq!(fresh.local_at_arrival, 2);
-        assert_eq!(fresh.engine, EngineLoad { running: 3, waiting: 2, kv_permille: Some(400) });
+        assert_eq!(fresh.engine, EngineLoad { running: 3, waiting: 2, kv_permille: Some(400), slots: None });
     }
 }

@@ -24,6 +24,7 @@ mod batch_tokens_are_limited_apart_from_interactive_ones;
 mod budgets_hold_across_gateways;
 mod busy_engines_stay_up_while_streams_flow;
 mod conversations_stay_on_one_node;
+mod conversations_take_a_free_slot;
 mod dashboard_renders_in_chromium;
 mod demo_runs_a_federation_and_stops_cleanly;
 mod draining_nodes_finish_streams_and_get_no_new_requests;

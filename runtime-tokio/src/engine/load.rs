@@ -21,13 +21,20 @@
 //! out at the next tick, and one goes out at least every [`LoadConfig::refresh`] from then on —
 //! with no engine load in it if the engine has no metrics to read.
 //!
+//! Every report says how many requests the engine runs at once when the node was told
+//! ([`LoadConfig::slots`], `--engine-slots`), so gateways can send a conversation to an engine
+//! with a free slot rather than queue it behind another.
+//!
 //! An engine without usable metrics — `/metrics` answers 404, 405, 410 or 501 (the llama.cpp
-//! server without `--metrics`, SGLang without `--enable-metrics`), or a page with none of the
-//! gauges this node reads (TGI, a plain OpenAI proxy) — gets no load in its reports (and no
-//! reports at all unless it hands over): it is said once in the log, and asked again only
-//! every [`LoadConfig::retry_unsupported`]. Gateways then route it on their own in-flight
-//! counts. A failed fetch (the engine restarting, a timeout) sends nothing
-//! and is tried again at the next tick; the gateways' reports age out meanwhile.
+//! server without `--metrics`, SGLang without `--enable-metrics`, llama-cpp-python), or a page
+//! with none of the gauges this node reads (TGI, a plain OpenAI proxy) — is said once in the
+//! log, and asked again only every [`LoadConfig::retry_unsupported`]. Meanwhile, if its slots
+//! are known, the node reports its own count of requests in flight to it instead (as many
+//! running as it has slots, the rest waiting: every request to the engine goes through this
+//! node), at once on each change and at least every [`LoadConfig::refresh`]; if they are not,
+//! it gets no load in its reports (and no reports at all unless it hands over), and gateways
+//! route it on their own in-flight counts. A failed fetch (the engine restarting, a timeout)
+//! sends nothing and is tried again at the next tick; the gateways' reports age out meanwhile.
 
 use std::time::Duration;
 
@@ -61,6 +68,8 @@ pub struct LoadConfig {
     pub drain_starts: Option<Instant>,
     /// How long before [`LoadConfig::drain_starts`] the node hands over (see the module docs).
     pub handover_window: Duration,
+    /// Requests the engine runs at once, if known ([`LoadReport::slots`]).
+    pub slots: Option<u32>,
 }
 
 /// The handover window when none is given: long enough for a conversation's next turn to come
@@ -76,6 +85,7 @@ impl Default for LoadConfig {
             retry_unsupported: Duration::from_secs(60),
             drain_starts: None,
             handover_window: DEFAULT_HANDOVER_WINDOW,
+            slots: None,
         }
     }
 }
@@ -141,7 +151,8 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
             said_handover = true;
         }
         let leaving_in_ms = leaving_in.map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
-        view.send_to_gateways(&encode(&LoadReport { epoch, seq, models: models.clone(), leaving_in_ms }));
+        let slots = handover.slots;
+        view.send_to_gateways(&encode(&LoadReport { epoch, seq, models: models.clone(), leaving_in_ms, slots }));
         *last = Some(Sent { models, handing_over: leaving_in_ms.is_some(), at: now });
     };
     // The last reading, the in-flight count it is taken to include, and when it was taken.
@@ -158,10 +169,14 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
             () = view.in_flight().changed_for_reports() => {
                 // Only from a recent reading: moving an old one would pass it off as fresh.
                 let recent = reading.as_ref().filter(|(_, _, at)| at.elapsed() < 2 * config.refresh);
-                if let Some((models, at_reading, _)) = recent {
-                    let moved = moved_by(models, view.in_flight().get(), *at_reading);
-                    if last.as_ref().map_or(true, |sent| sent.models != moved) {
-                        send(moved, &mut last);
+                let now_load = match (recent, unsupported_until, config.slots) {
+                    (Some((models, at_reading, _)), _, _) => Some(moved_by(models, view.in_flight().get(), *at_reading)),
+                    (None, Some(_), Some(slots)) => Some(own_count(view.in_flight().get(), slots)),
+                    _ => None,
+                };
+                if let Some(models) = now_load {
+                    if last.as_ref().map_or(true, |sent| sent.models != models) {
+                        send(models, &mut last);
                         tokio::time::sleep(MIN_GAP).await;
                     }
                 }
@@ -171,6 +186,12 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                 if unsupported_until.map_or(true, |until| now >= until) {
                     let (backend, before) = (&backend, view.in_flight().get());
                     under_way = Some(Box::pin(async move { (read(backend, config.timeout).await, before) }));
+                } else if let Some(slots) = config.slots {
+                    // No metrics, but every request goes through this node: its own count.
+                    let models = own_count(view.in_flight().get(), slots);
+                    if last.as_ref().map_or(true, |sent| sent.models != models || sent.due(now, &config)) {
+                        send(models, &mut last);
+                    }
                 } else if config.leaving_in(now).is_some() && last.as_ref().map_or(true, |sent| sent.due(now, &config)) {
                     // No load to tell, but the gateways must hear that this node hands over.
                     send(Vec::new(), &mut last);
@@ -202,9 +223,12 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                     }
                     Reading::Unsupported(why) => {
                         if !said_unsupported {
+                            let instead = match config.slots {
+                                Some(slots) => format!("reporting this node's own count of requests in flight against the engine's {slots} slot(s) instead"),
+                                None => "no load reports from this node; gateways route it by their own in-flight counts".into(),
+                            };
                             tracing::info!(
-                                "no load reports from this node: {why}; gateways route it by their own in-flight \
-                                 counts (asking again every {})",
+                                "{why}: {instead} (asking again every {})",
                                 humantime::format_duration(config.retry_unsupported)
                             );
                             said_unsupported = true;
@@ -212,6 +236,9 @@ pub async fn report_load(backend: Backend, config: LoadConfig, view: RuntimeView
                         unsupported_until = Some(Instant::now() + config.retry_unsupported);
                         last = None;
                         reading = None;
+                        if let Some(slots) = config.slots {
+                            send(own_count(view.in_flight().get(), slots), &mut last);
+                        }
                     }
                     Reading::Failed(why) => tracing::debug!("no load report this time: {why}"),
                 }
@@ -236,6 +263,13 @@ impl Sent {
         let refresh = config.refresh.saturating_sub(config.interval / 2);
         now.saturating_duration_since(self.at) >= refresh || self.handing_over != config.leaving_in(now).is_some()
     }
+}
+
+/// The load of an engine without metrics, from this node's `in_flight` requests to it: as many
+/// running as it has `slots`, the rest waiting, under no model name (the whole engine).
+fn own_count(in_flight: u32, slots: u32) -> Vec<ModelLoad> {
+    let running = in_flight.min(slots);
+    vec![ModelLoad { model: String::new(), running, waiting: in_flight - running, kv_permille: None }]
 }
 
 /// `models` as read when this node had `at_reading` tunnelled requests in flight, moved to
@@ -294,6 +328,15 @@ mod tests {
         assert_eq!(moved_by(&read, 1, 3), vec![m("a", 1, 0), m("b", 1, 0)]);
         assert_eq!(moved_by(&read, 0, 9), vec![m("a", 0, 0), m("b", 0, 0)], "never below zero");
         assert_eq!(moved_by(&[], 4, 0), vec![]);
+    }
+
+    #[test]
+    fn without_metrics_the_own_count_fills_the_slots_then_waits() {
+        let m = |running, waiting| vec![ModelLoad { model: String::new(), running, waiting, kv_permille: None }];
+        assert_eq!(own_count(0, 1), m(0, 0));
+        assert_eq!(own_count(1, 1), m(1, 0));
+        assert_eq!(own_count(3, 1), m(1, 2));
+        assert_eq!(own_count(3, 4), m(3, 0));
     }
 
     #[test]

@@ -141,6 +141,14 @@ pub struct NodeArgs {
     #[arg(long, env = "TELA_LOAD_INTERVAL", value_name = "DURATION")]
     pub load_interval: Option<String>,
 
+    /// Requests the engine runs at once (a llama.cpp server's --parallel, vLLM's
+    /// --max-num-seqs): told to the gateways, which then send a conversation to an engine with
+    /// a free slot rather than queue it behind another (worth it where answers take longer
+    /// than recomputing a prompt); an engine without /metrics is then reported by this node's
+    /// own count of requests in flight [default: unknown].
+    #[arg(long, env = "TELA_ENGINE_SLOTS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub engine_slots: Option<u32>,
+
     /// End a tunnelled request when the engine sends nothing for this long (there is no
     /// limit on a request's total time) [default: 5m].
     #[arg(long, env = "TELA_STREAM_IDLE_TIMEOUT", value_name = "DURATION")]
@@ -182,6 +190,7 @@ struct FileConfig {
     control: Option<PathBuf>,
     probe_interval: Option<String>,
     load_interval: Option<String>,
+    engine_slots: Option<u32>,
     stream_idle_timeout: Option<String>,
     engine_stop_grace: Option<String>,
 }
@@ -219,6 +228,8 @@ pub struct NodeSettings {
     pub probe_interval: Duration,
     /// Time between reads of the engine's load.
     pub load_interval: Duration,
+    /// Requests the engine runs at once, if told.
+    pub engine_slots: Option<u32>,
     /// Stream idle timeout.
     pub stream_idle_timeout: Duration,
     /// Engine stop grace.
@@ -280,6 +291,9 @@ pub enum NodeConfigError {
     /// Load read too rarely for gateways to route by it.
     #[error("--load-interval {0:?} is longer than 1s: gateways ignore load reports older than a few seconds")]
     LoadIntervalTooLong(Duration),
+    /// An engine that runs no request at once.
+    #[error("engine_slots = 0: an engine runs at least one request at once (leave it out if unknown)")]
+    NoSlots,
     /// Unknown hardware profile.
     #[error("--hardware-profile: {0}")]
     Profile(#[from] ProfileError),
@@ -379,6 +393,10 @@ impl NodeArgs {
         if load_interval > MAX_LOAD_INTERVAL {
             return Err(NodeConfigError::LoadIntervalTooLong(load_interval));
         }
+        let engine_slots = pick(&self.engine_slots, file.engine_slots);
+        if engine_slots == Some(0) {
+            return Err(NodeConfigError::NoSlots);
+        }
         Ok(NodeSettings {
             join,
             join_secret,
@@ -395,6 +413,7 @@ impl NodeArgs {
             control: pick(&self.control, file.control).unwrap_or_else(default_control_path),
             probe_interval: duration("probe-interval", &self.probe_interval, file.probe_interval, "2s")?,
             load_interval,
+            engine_slots,
             stream_idle_timeout: duration(
                 "stream-idle-timeout",
                 &self.stream_idle_timeout,
@@ -559,6 +578,29 @@ transport = "tcp"
         assert_eq!(with(&["--handover-window", "0s"]).expect("valid").handover_window, Duration::ZERO, "off");
         let e = with(&["--handover-window", "a while"]).unwrap_err().to_string();
         assert!(e.contains("--handover-window 'a while'"), "{e}");
+    }
+
+    #[test]
+    fn engine_slots_are_told_as_given_and_never_zero() {
+        let _env = ENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::env::remove_var("TELA_ENGINE_SLOTS");
+        let base = ["--join", "gw:7000", "--join-secret", "s"];
+        let with = |extra: &[&str]| {
+            let mut args = vec!["tela-node"];
+            args.extend_from_slice(&base);
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|cli| cli.node.resolve().expect("valid").engine_slots)
+        };
+        assert_eq!(with(&[]).expect("parses"), None, "unknown by default");
+        assert_eq!(with(&["--engine-slots", "1"]).expect("parses"), Some(1));
+        assert!(with(&["--engine-slots", "0"]).is_err(), "refused by the flag's parser");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "engine_slots = 0\n").expect("write");
+        let e = parse(&["--config", file.to_str().expect("utf-8"), "--join", "gw:7000", "--join-secret", "s"])
+            .resolve()
+            .unwrap_err();
+        assert!(matches!(e, NodeConfigError::NoSlots), "{e}");
     }
 
     #[test]

@@ -139,6 +139,7 @@ pub async fn run_node(settings: NodeSettings) -> Result<i32, NodeError> {
         interval: settings.load_interval,
         drain_starts: drain_starts.filter(|_| !settings.handover_window.is_zero()),
         handover_window: settings.handover_window,
+        slots: settings.engine_slots,
         ..LoadConfig::default()
     };
     let _load_reports =

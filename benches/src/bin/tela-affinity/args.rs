@@ -29,12 +29,22 @@ pub(crate) struct Args {
     pub(crate) max_num_seqs: u64,
     pub(crate) phases: Vec<String>,
     pub(crate) in_flight: usize,
+    pub(crate) slots: Option<u64>,
+}
+
+impl Args {
+    /// What `-slots` phases tell the nodes their engine runs at once: `--engine-slots`, else one
+    /// for llama-cpp-python (it serves one request at a time) and `--max-num-seqs` for the
+    /// simulator.
+    pub(crate) fn engine_slots(&self) -> u64 {
+        self.slots.unwrap_or(if self.engine == "llama" { 1 } else { self.max_num_seqs })
+    }
 }
 
 const USAGE: &str = "tela-affinity [--engine sim|llama] [--engines N] [--conversations N] [--turns N] [--groups N] \
     [--system-tokens N] [--first-tokens N] [--followup-tokens N] [--max-tokens N] [--ramp-ms MS] [--phase-seconds S] \
     [--ttft-ms MS] [--prefill-us US] [--tokens-per-s N] [--kv-cache-tokens N] [--max-num-seqs N] \
-    [--phases a,b,..] [--in-flight N] [--tela PATH] [--vllm-router PATH] [--llama-python PATH] [--llama-model PATH]";
+    [--phases a,b,..] [--in-flight N] [--engine-slots N] [--tela PATH] [--vllm-router PATH] [--llama-python PATH] [--llama-model PATH]";
 
 /// The arguments of this run, with `--phases` defaulting to every phase of the engine kind;
 /// `--help` prints the usage line and exits.
@@ -62,6 +72,7 @@ pub(crate) fn parse_args() -> Result<Args> {
         max_num_seqs: 16,
         phases: Vec::new(),
         in_flight: 0,
+        slots: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -89,6 +100,7 @@ pub(crate) fn parse_args() -> Result<Args> {
             "--max-num-seqs" => args.max_num_seqs = value()?.parse()?,
             "--phases" => args.phases = value()?.split(',').map(str::to_string).collect(),
             "--in-flight" => args.in_flight = value()?.parse()?,
+            "--engine-slots" => args.slots = Some(value()?.parse()?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -102,7 +114,7 @@ pub(crate) fn parse_args() -> Result<Args> {
     }
     if args.phases.is_empty() {
         args.phases = match args.engine.as_str() {
-            "llama" => vec!["tela-prefix".into(), "tela-p2c".into()],
+            "llama" => ["tela-prefix", "tela-prefix-slots", "tela-p2c"].map(String::from).to_vec(),
             _ => ["tela-prefix", "tela-prefix-2gw", "tela-p2c", "vllm-cache_aware", "vllm-round_robin"]
                 .map(String::from)
                 .to_vec(),

@@ -26,7 +26,13 @@
 //! With `--engine llama` the engines are llama-cpp-python servers (`--llama-python`,
 //! `--llama-model`, or `TELA_LLAMA_PYTHON` / `TELA_LLAMA_MODEL` from `.ci/setup-engine.sh`)
 //! with their prompt cache on (`--cache true`: KV states kept in RAM and the longest matching
-//! one restored), and the phases are Tela prefix and Tela p2c only.
+//! one restored), and the phases are Tela prefix, Tela prefix with the engines' slots told
+//! and Tela p2c.
+//!
+//! A phase name ending in `-slots` (e.g. `tela-prefix-slots`) starts its nodes with
+//! `--engine-slots` (`--engine-slots N` here, else 1 for llama-cpp-python, which serves one
+//! request at a time, and `--max-num-seqs` for the simulator), so the gateways send a turn to
+//! an engine with a free slot rather than queue it behind another conversation.
 //!
 //! Each row: TTFT p50 and p90 over every turn, TTFT p50 over turns 2 and later (where affinity
 //! can help), turns and answer tokens per second over the phase, errors, and the share of

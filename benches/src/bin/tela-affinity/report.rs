@@ -62,6 +62,8 @@ fn label(phase: &str) -> &str {
     match phase {
         "tela-prefix" => "Tela prefix, 1 gateway",
         "tela-prefix-2gw" => "Tela prefix, 2 gateways",
+        "tela-prefix-slots" => "Tela prefix, slots told, 1 gateway",
+        "tela-prefix-2gw-slots" => "Tela prefix, slots told, 2 gateways",
         "tela-p2c" => "Tela p2c, 1 gateway",
         "tela-p2c-2gw" => "Tela p2c, 2 gateways",
         "vllm-cache_aware" => "vllm-router cache_aware",

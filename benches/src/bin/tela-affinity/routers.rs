@@ -112,12 +112,17 @@ pub(crate) async fn start_front(
         wait_until(addr, "/v1/models", None, Duration::from_secs(60), |_| true).await?;
         return Ok(vec![addr]);
     }
-    let (routing, gateways) = match phase {
+    // A phase ending in `-slots` tells the nodes how many requests their engine runs at once.
+    let (base, told_slots) = match phase.strip_suffix("-slots") {
+        Some(base) => (base, true),
+        None => (phase, false),
+    };
+    let (routing, gateways) = match base {
         "tela-prefix" => ("prefix", 1),
         "tela-prefix-2gw" => ("prefix", 2),
         "tela-p2c" => ("p2c", 1),
         "tela-p2c-2gw" => ("p2c", 2),
-        other => return Err(format!("unknown phase {other}").into()),
+        _ => return Err(format!("unknown phase {phase}").into()),
     };
     let flags = ["--no-auth", "--no-ledger", "--open-status", "--routing", routing];
     let first = tela.gateway(procs, &format!("{phase}-gw0"), &flags)?;
@@ -131,10 +136,8 @@ pub(crate) async fn start_front(
         apis.push(gw.api);
     }
     let join: Vec<&str> = anchors.iter().map(String::as_str).collect();
-    // llama-cpp-python's server answers one request at a time, health probes included: a probe
-    // queued behind a few seconds of prefills times out (5 s) and three in a row (2 s apart by
-    // default) would turn the node DOWN mid-run. Probing every 30 s keeps it up.
-    let node_flags: &[&str] = if args.engine == "llama" { &["--probe-interval", "30s"] } else { &[] };
+    let slots = args.engine_slots().to_string();
+    let node_flags: &[&str] = if told_slots { &["--engine-slots", &slots] } else { &[] };
     for (i, e) in engines.iter().enumerate() {
         tela.node(procs, &format!("{phase}-node{i}"), &join, &format!("http://{e}"), node_flags)?;
     }
