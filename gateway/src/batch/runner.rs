@@ -22,7 +22,10 @@
 //! ([`crate::routing::node_load`]: this gateway's in-flight requests plus what the engine's own
 //! load report says others sent) less this runner's batch requests on it; with
 //! [`BatchConfig::node_slots`](super::BatchConfig::node_slots) `= s`, a node with `i`
-//! interactive requests takes at most `s − i` batch requests — none once `i ≥ s`. Since batch
+//! interactive requests takes at most `s − i` batch requests — none once `i ≥ s`. A node whose
+//! engine runs fewer requests at once than that (its `--engine-slots`, or an engine with
+//! requests waiting: [`crate::routing::engine_slots`]) has that many slots instead, so batch
+//! work never queues at the engine in front of an interactive request. Since batch
 //! requests count in the node's load, interactive routing also prefers nodes without batch
 //! work. A line that could not be sent (the node broke off, drained, answered 502/503/429) is
 //! tried again, on any node with room, after [`RETRY_AFTER`] doubled with each try, up to
@@ -316,9 +319,10 @@ impl Runner {
             .ok()?;
             let mine =
                 self.on_node.lock().unwrap_or_else(PoisonError::into_inner).get(&choice.node).copied().unwrap_or(0);
-            let load = crate::routing::node_load(&view, &shared.load, &choice.node, Instant::now());
-            let interactive = load.saturating_sub(mine);
-            if mine < self.batch.config.node_slots.saturating_sub(interactive) {
+            let host = crate::routing::host_state(&view, &shared.load, &choice.node, Instant::now());
+            let interactive = host.in_flight.saturating_sub(mine);
+            let slots = host.slots.map_or(self.batch.config.node_slots, |s| s.min(self.batch.config.node_slots));
+            if mine < slots.saturating_sub(interactive) {
                 return Some(choice);
             }
             full.push(choice.node);

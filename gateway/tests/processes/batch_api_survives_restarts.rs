@@ -472,58 +472,78 @@ async fn cancelled_and_expired_batches_keep_what_was_done_and_list_the_rest_as_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_requests_wait_while_interactive_ones_fill_the_node() {
-    within(120, async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        key_file(dir.path());
-        let db = dir.path().join("gateway.db");
-        let mut config = gateway_config(dir.path());
-        config.ledger = Some(LedgerConfig::new(db.clone(), 0));
-        let mut batch = BatchConfig::new(db);
-        batch.node_slots = 2;
-        config.batch = Some(batch);
-        let gateway = Gateway::start(config).await.expect("gateway starts");
-        let mut fed = Fed { gateway, nodes: Vec::new(), engines: Vec::new(), dir };
-        fed.add_node(paced(2.0), &[]).await;
-        fed.wait_routable(1).await;
-        let base = fed.base();
+    within(120, batch_waits_while_two_streams_run(2, &[])).await;
+}
 
-        // Two interactive streams of some twenty seconds (the simulator's natural answer to
-        // their prompt, some 45 tokens at 2 a second) take the node's two batch slots.
-        let started = Instant::now();
-        let streams: Vec<_> = (0..2)
-            .map(|_| {
-                let base = base.clone();
-                tokio::spawn(async move { stream_chat(&base, 75).await })
-            })
-            .collect();
-        let engine = &fed.engines[0];
-        assert!(eventually(Duration::from_secs(5), || engine.stats().in_flight == 2).await, "the streams run");
-        let lines: Vec<String> = (0..4).map(|i| chat_line(&format!("w{i}"), MODEL, 2)).collect();
-        let file = upload(&base, KEY, "batch", lines.join("\n").as_bytes()).await.json();
-        let created =
-            post(&base, "/v1/batches", json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions"})).await;
-        let id = created.json()["id"].as_str().expect("id").to_string();
-        // While they run, the batch sends nothing to the node. (Checked only well before either
-        // stream can end: as one ends, the engine may count it a moment after the gateway has
-        // let a batch request take its slot, and a loaded machine can make the client see the
-        // end later still.)
-        let until = (Instant::now() + Duration::from_millis(1500)).min(started + Duration::from_secs(15));
-        while Instant::now() < until && streams.iter().all(|s| !s.is_finished()) {
-            assert!(engine.stats().in_flight <= 2, "a batch request ran beside a full node's interactive ones");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let b = call(&base, "GET", &format!("/v1/batches/{id}"), Some(KEY), None).await.json();
-        assert_eq!(b["status"], "in_progress", "{b:#}");
-        assert_eq!(b["request_counts"]["completed"], 0, "{b:#}");
-        for s in streams {
-            let s = s.await.expect("stream task");
-            assert!(s.text().contains("[DONE]"), "the interactive streams end normally: {}", s.text());
-        }
-        // Once they are over, the batch runs.
-        let done = wait_final(&base, KEY, &id, Duration::from_secs(30)).await;
-        assert_eq!(done["request_counts"]["completed"], 4, "{done:#}");
-    })
-    .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_requests_wait_while_interactive_ones_fill_the_engines_slots() {
+    // Eight batch slots per node, but the engine runs two requests at once, and its node says so.
+    within(120, batch_waits_while_two_streams_run(8, &["--engine-slots", "2"])).await;
+}
+
+/// Two interactive streams on the one node, whose batch work may use `node_slots` slots (its
+/// node started with `node_args`): a batch created meanwhile sends nothing until they end.
+async fn batch_waits_while_two_streams_run(node_slots: u32, node_args: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    key_file(dir.path());
+    let db = dir.path().join("gateway.db");
+    let mut config = gateway_config(dir.path());
+    config.ledger = Some(LedgerConfig::new(db.clone(), 0));
+    let mut batch = BatchConfig::new(db);
+    batch.node_slots = node_slots;
+    config.batch = Some(batch);
+    let gateway = Gateway::start(config).await.expect("gateway starts");
+    let mut fed = Fed { gateway, nodes: Vec::new(), engines: Vec::new(), dir };
+    fed.add_node(paced(2.0), node_args).await;
+    fed.wait_routable(1).await;
+    let base = fed.base();
+    if !node_args.is_empty() {
+        let told =
+            eventually(Duration::from_secs(10), || fed.node_row(0).is_some_and(|r| r["engine"]["slots"] == 2)).await;
+        assert!(told, "the node never said its engine's slots: {:#}", fed.gateway.status());
+    }
+
+    // Two interactive streams of some twenty seconds (the simulator's natural answer to
+    // their prompt, some 45 tokens at 2 a second) take the node's two slots.
+    let started = Instant::now();
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let base = base.clone();
+            tokio::spawn(async move { stream_chat(&base, 75).await })
+        })
+        .collect();
+    let engine = &fed.engines[0];
+    // Generation requests only: `in_flight` also counts the node's health probes and load
+    // reads while the engine answers them.
+    let generating = || {
+        let stats = engine.stats();
+        stats.running + stats.waiting
+    };
+    assert!(eventually(Duration::from_secs(5), || generating() == 2).await, "the streams run");
+    let lines: Vec<String> = (0..4).map(|i| chat_line(&format!("w{i}"), MODEL, 2)).collect();
+    let file = upload(&base, KEY, "batch", lines.join("\n").as_bytes()).await.json();
+    let created =
+        post(&base, "/v1/batches", json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions"})).await;
+    let id = created.json()["id"].as_str().expect("id").to_string();
+    // While they run, the batch sends nothing to the node. (Checked only well before either
+    // stream can end: as one ends, the engine may count it a moment after the gateway has
+    // let a batch request take its slot, and a loaded machine can make the client see the
+    // end later still.)
+    let until = (Instant::now() + Duration::from_millis(1500)).min(started + Duration::from_secs(15));
+    while Instant::now() < until && streams.iter().all(|s| !s.is_finished()) {
+        assert!(generating() <= 2, "a batch request ran beside a full node's interactive ones");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = call(&base, "GET", &format!("/v1/batches/{id}"), Some(KEY), None).await.json();
+    assert_eq!(b["status"], "in_progress", "{b:#}");
+    assert_eq!(b["request_counts"]["completed"], 0, "{b:#}");
+    for s in streams {
+        let s = s.await.expect("stream task");
+        assert!(s.text().contains("[DONE]"), "the interactive streams end normally: {}", s.text());
+    }
+    // Once they are over, the batch runs.
+    let done = wait_final(&base, KEY, &id, Duration::from_secs(30)).await;
+    assert_eq!(done["request_counts"]["completed"], 4, "{done:#}");
 }
 
 /// The SDK's Python: `$TELA_SDK_PYTHON`, else the venv `.ci/setup-python.sh` makes.
