@@ -71,12 +71,13 @@
 //! 6. **Room.** A candidate whose engine says how many requests it runs at once (its *slots*:
 //!    a llama.cpp server started with `--parallel 1` runs one) has no room when its load fills
 //!    them: a request sent there waits in the engine's queue behind whole generations, which
-//!    costs more than recomputing a prefix elsewhere. So among the candidates within the bound,
-//!    those with room come first: the request goes to the highest-ranked candidate within the
-//!    bound that has room, and to the highest-ranked within the bound only when none has. A
-//!    candidate whose slots are unknown always has room (the bound alone judges it), so without
-//!    slot counts nothing changes. With many slots this rarely trips; with one slot it keeps a
-//!    conversation from queueing behind another while an engine idles.
+//!    often costs more than recomputing a prefix elsewhere (where answers are long against a
+//!    prefix miss: `benches/results/affinity.md`, section 5). So among the candidates within
+//!    the bound, those with room come first: the request goes to the highest-ranked candidate
+//!    within the bound that has room, and to the highest-ranked within the bound only when none
+//!    has. A candidate whose slots are unknown always has room (the bound alone judges it), so
+//!    without slot counts nothing changes. With many slots this rarely trips; with one slot it
+//!    keeps a conversation from queueing behind another while an engine idles.
 //! 7. **Handover.** A candidate that is [handing over](HostState::handing_over) — its node
 //!    leaves soon: its walltime is near — ranks below every other. Steps 4 and 5 run over the
 //!    other candidates as if it were gone (their loads and capacities alone make the bound), and
