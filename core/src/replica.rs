@@ -6,6 +6,7 @@ use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
 use crate::time::Time;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -58,11 +59,12 @@ impl Slot {
 
 /// The routable hosts of one model ([`Replica::serving`]): slot numbers, read through the
 /// replica's slots, so that each of the thousands of entries a large federation's host list
-/// holds is 4 bytes, not a 16-byte id.
-#[derive(Clone, Copy)]
+/// holds is 4 bytes, not a 16-byte id. Borrowed from the host index where the replica keeps one
+/// (gateways), found by a scan of the slots where it does not.
+#[derive(Clone)]
 pub struct Serving<'a> {
     slots: &'a [Slot],
-    hosts: &'a [u32],
+    hosts: Cow<'a, [u32]>,
 }
 
 impl<'a> Serving<'a> {
@@ -82,7 +84,7 @@ impl<'a> Serving<'a> {
     }
 
     /// The hosts, in the replica's order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = NodeId> + 'a {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = NodeId> + '_ {
         let slots = self.slots;
         self.hosts.iter().map(move |&n| slots[n as usize].record.id)
     }
@@ -124,16 +126,20 @@ pub struct Merged {
 /// make a node look dead or alive.
 ///
 /// A node is *routable* when it is alive, in state SERVE, has the serving role and lists at least
-/// one model. The replica keeps, per model name, the list of routable hosts, so a lookup
+/// one model. A gateway's replica keeps, per model name, the list of routable hosts, so a lookup
 /// ([`Replica::serving`]) is one hash probe and returns a slice regardless of the registry's size.
+/// Only gateways route, so a serving node's replica keeps no such index (at 10,000 nodes it is
+/// ~47 KB a node) and answers the same lookup by a scan of its slots.
 #[derive(Clone, Debug)]
 pub struct Replica {
     local: NodeId,
     slots: Vec<Slot>,
     /// Slot numbers by the id in the slot.
     index: IdIndex,
-    /// Per model name, the slot numbers of its routable hosts.
+    /// Per model name, the slot numbers of its routable hosts; kept only when `index_hosts`.
     hosts: HashMap<String, Vec<u32>, FixedState>,
+    /// Whether `hosts` is kept: the local node is a gateway, which routes.
+    index_hosts: bool,
     view: u64,
     /// Anti-entropy hashes: per bucket of node ids, the XOR of [`Slot::sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
@@ -221,6 +227,7 @@ impl Replica {
             slots: Vec::new(),
             index: IdIndex::default(),
             hosts: HashMap::with_hasher(FixedState::default()),
+            index_hosts: local.role == Role::Gateway,
             view: 0,
             buckets: Box::new([0; BUCKETS]),
             by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
@@ -275,13 +282,25 @@ impl Replica {
 
     /// Routable nodes hosting a model called `model` (any weight format).
     pub fn serving(&self, model: &str) -> Serving<'_> {
-        Serving { slots: &self.slots, hosts: self.hosts.get(model).map_or(&[], Vec::as_slice) }
+        let hosts = if self.index_hosts {
+            Cow::Borrowed(self.hosts.get(model).map_or(&[][..], Vec::as_slice))
+        } else {
+            let serves = |s: &Slot| s.routable && s.record.models.as_slice().iter().any(|m| m.name == model);
+            Cow::Owned((0..self.slots.len() as u32).filter(|&n| serves(&self.slots[n as usize])).collect())
+        };
+        Serving { slots: &self.slots, hosts }
     }
 
     /// Names of models with at least one routable host, sorted.
     pub fn routable_models(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.hosts.iter().filter(|(_, h)| !h.is_empty()).map(|(m, _)| m.as_str()).collect();
+        let mut names: Vec<&str> = if self.index_hosts {
+            self.hosts.iter().filter(|(_, h)| !h.is_empty()).map(|(m, _)| m.as_str()).collect()
+        } else {
+            let routable = self.slots.iter().filter(|s| s.routable);
+            routable.flat_map(|s| s.record.models.as_slice().iter().map(|m| m.name.as_str())).collect()
+        };
         names.sort_unstable();
+        names.dedup();
         names
     }
 
@@ -388,7 +407,7 @@ impl Replica {
         }
         let slot = &mut self.slots[i];
         slot.routable = routable;
-        if routable {
+        if routable && self.index_hosts {
             // Not listed under any model now: it was not routable, or its old models were just
             // unlisted above. So no scan of the host lists, which hold thousands of nodes in a
             // large federation; only a model named twice in one record is skipped.
@@ -506,6 +525,13 @@ mod tests {
 
     fn replica() -> Replica {
         Replica::new((*rec(0, 1, Lifecycle::Join, 0, &[])).clone(), Time::ZERO)
+    }
+
+    /// A gateway's replica, which keeps the host index.
+    fn gateway_replica() -> Replica {
+        let mut local = (*rec(0, 1, Lifecycle::Join, 0, &[])).clone();
+        local.role = Role::Gateway;
+        Replica::new(local, Time::ZERO)
     }
 
     #[test]
@@ -682,8 +708,9 @@ mod tests {
     proptest::proptest! {
         /// Whatever merges, suspicions and tombstone collections happen, each model's host list
         /// holds exactly the routable nodes that serve it, each once (also when a record names a
-        /// model twice, in two formats); the tombstone and DOWN sets are exactly the LEFT and
-        /// DOWN records; neither kind outlives its lifetime; the slot numbers by bucket and by id
+        /// model twice, in two formats), whether read from a gateway's index or found by a
+        /// serving node's scan; the tombstone and DOWN sets are exactly the LEFT and DOWN
+        /// records; neither kind outlives its lifetime; the slot numbers by bucket and by id
         /// stay exact.
         #[test]
         fn host_lists_tombstones_down_sets_and_slot_numbers_follow_the_records(
@@ -694,8 +721,8 @@ mod tests {
         ) {
             use crate::record::Quantization;
             let mut r = replica();
-            // The same merges into a replica that collects tombstones as it goes.
-            let mut w = replica();
+            // The same merges into a gateway's replica, which collects tombstones as it goes.
+            let mut w = gateway_replica();
             let ttl = Duration::from_secs(4);
             let mut now = Time::ZERO;
             let names = ["a", "b", "c"];
@@ -738,10 +765,10 @@ mod tests {
                 for (i, s) in w.slots().iter().enumerate() {
                     proptest::prop_assert_eq!(w.slot_number(&s.record().id), Some(i as u32));
                 }
-                for name in names {
-                    let mut listed = r.serving(name).to_vec();
+                for (x, name) in [&r, &w].into_iter().flat_map(|x| names.map(|name| (x, name))) {
+                    let mut listed = x.serving(name).to_vec();
                     listed.sort();
-                    let mut expected: Vec<NodeId> = r
+                    let mut expected: Vec<NodeId> = x
                         .slots()
                         .iter()
                         .filter(|s| s.is_routable() && s.record().models.as_slice().iter().any(|m| m.name == name))
@@ -749,6 +776,12 @@ mod tests {
                         .collect();
                     expected.sort();
                     proptest::prop_assert_eq!(listed, expected, "hosts of {}", name);
+                }
+                for x in [&r, &w] {
+                    let mut expected: Vec<&str> =
+                        names.into_iter().filter(|name| !x.serving(name).is_empty()).collect();
+                    expected.sort_unstable();
+                    proptest::prop_assert_eq!(x.routable_models(), expected);
                 }
             }
         }
