@@ -145,7 +145,7 @@ pub struct Replica {
     buckets: Box<[u32; BUCKETS]>,
     /// Slot numbers by anti-entropy bucket, so that an exchange touches the slots of the
     /// buckets it compares, not the whole registry.
-    by_bucket: Box<[Vec<u32>]>,
+    by_bucket: BucketLists,
     /// The GC watermark: generations of deleted tombstones, by node, and when they were deleted.
     /// A record of a deleted generation or an older one is refused, so a stale peer cannot bring
     /// it back.
@@ -166,9 +166,7 @@ impl Replica {
         use crate::heap::{array, btree, hash_table};
         heap.replica_slots += array::<Slot>(self.slots.capacity());
         heap.replica_index += self.index.heap_bytes();
-        heap.replica_buckets += array::<u32>(BUCKETS)
-            + array::<Vec<u32>>(self.by_bucket.len())
-            + self.by_bucket.iter().map(|b| array::<u32>(b.capacity())).sum::<u64>();
+        heap.replica_buckets += array::<u32>(BUCKETS) + self.by_bucket.heap_bytes();
         heap.replica_hosts += hash_table::<(String, Vec<u32>)>(self.hosts.capacity())
             + self.hosts.iter().map(|(m, h)| array::<u8>(m.capacity()) + array::<u32>(h.capacity())).sum::<u64>();
         heap.replica_other += hash_table::<(NodeId, (u64, Time))>(self.deleted.capacity())
@@ -215,7 +213,10 @@ fn id_in(slots: &[Slot], n: u32) -> Option<NodeId> {
     slots.get(n as usize).map(|s| s.record.id)
 }
 
+mod buckets;
 mod tombstones;
+
+use buckets::BucketLists;
 
 impl Replica {
     /// A replica that holds the local node's own record. Nodes never die of silence in it: the
@@ -230,7 +231,7 @@ impl Replica {
             index_hosts: local.role == Role::Gateway,
             view: 0,
             buckets: Box::new([0; BUCKETS]),
-            by_bucket: vec![Vec::new(); BUCKETS].into_boxed_slice(),
+            by_bucket: BucketLists::default(),
             deleted: HashMap::with_hasher(FixedState::default()),
             tombstones: BTreeSet::new(),
             downs: BTreeSet::new(),
@@ -318,7 +319,7 @@ impl Replica {
             self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, stamp);
             let slot = Slot { record: incoming, changed_at: now, alive, routable: false, stamp, retired: false };
             let n = self.slots.len() as u32;
-            self.by_bucket[bucket_of(&id, BUCKETS)].push(n);
+            self.by_bucket.push(bucket_of(&id, BUCKETS), n);
             crate::reserve_one(&mut self.slots);
             self.slots.push(slot);
             let slots = &self.slots;
@@ -450,7 +451,7 @@ impl Replica {
         for &b in buckets.iter().filter(|&&b| usize::from(b) < count) {
             // A bucket of a coarser split is every BUCKETS-bucket with the same low bits.
             for fine in (usize::from(b)..BUCKETS).step_by(count) {
-                out.extend_from_slice(&self.by_bucket[fine]);
+                out.extend(self.by_bucket.iter(fine));
             }
         }
         out.sort_unstable();
@@ -762,6 +763,15 @@ mod tests {
                 let mut listed = w.slots_in_buckets(BUCKETS, &all);
                 listed.sort();
                 proptest::prop_assert_eq!(listed, numbered);
+                // Each slot is listed once, in its own bucket.
+                let mut each = 0;
+                for b in all.iter().copied() {
+                    for n in w.by_bucket.iter(usize::from(b)) {
+                        proptest::prop_assert_eq!(bucket_of(&w.slots()[n as usize].record().id, BUCKETS), usize::from(b));
+                        each += 1;
+                    }
+                }
+                proptest::prop_assert_eq!(each, w.len());
                 for (i, s) in w.slots().iter().enumerate() {
                     proptest::prop_assert_eq!(w.slot_number(&s.record().id), Some(i as u32));
                 }

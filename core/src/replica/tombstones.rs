@@ -58,11 +58,11 @@ impl Replica {
             self.deleted.insert(id, (generation, now));
             let last = (self.slots.len() - 1) as u32;
             self.index.forget(&id, i as u32);
-            let list = &mut self.by_bucket[bucket_of(&id, BUCKETS)];
-            list.retain(|&s| s != i as u32);
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
             debug_assert!(!self.slots[i].routable);
             self.slots.swap_remove(i);
+            let moved_bucket = self.slots.get(i).map(|moved| bucket_of(&moved.record.id, BUCKETS));
+            self.by_bucket.swap_remove(bucket_of(&id, BUCKETS), i as u32, moved_bucket);
             if let Some(moved) = self.slots.get(i) {
                 self.index.renumber(&moved.record.id, last, i as u32);
                 let renumber = |list: &mut Vec<u32>| {
@@ -70,7 +70,6 @@ impl Replica {
                         *s = i as u32;
                     }
                 };
-                renumber(&mut self.by_bucket[bucket_of(&moved.record.id, BUCKETS)]);
                 if moved.routable {
                     for m in moved.record.models.as_slice() {
                         if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
