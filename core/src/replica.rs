@@ -136,10 +136,9 @@ pub struct Replica {
     slots: Vec<Slot>,
     /// Slot numbers by the id in the slot.
     index: IdIndex,
-    /// Per model name, the slot numbers of its routable hosts; kept only when `index_hosts`.
+    /// Per model name, the slot numbers of its routable hosts; kept only on a gateway
+    /// ([`Replica::index_hosts`]).
     hosts: HashMap<String, Vec<u32>, FixedState>,
-    /// Whether `hosts` is kept: the local node is a gateway, which routes.
-    index_hosts: bool,
     view: u64,
     /// Anti-entropy hashes: per bucket of node ids, the XOR of [`Slot::sync_hash`] of its records.
     buckets: Box<[u32; BUCKETS]>,
@@ -228,7 +227,6 @@ impl Replica {
             slots: Vec::new(),
             index: IdIndex::default(),
             hosts: HashMap::with_hasher(FixedState::default()),
-            index_hosts: local.role == Role::Gateway,
             view: 0,
             buckets: Box::new([0; BUCKETS]),
             by_bucket: BucketLists::default(),
@@ -281,20 +279,25 @@ impl Replica {
         &self.slots
     }
 
+    /// Whether the host index is kept: the local node is a gateway, the only role that routes.
+    fn index_hosts(&self) -> bool {
+        self.local().role == Role::Gateway
+    }
+
     /// Routable nodes hosting a model called `model` (any weight format).
     pub fn serving(&self, model: &str) -> Serving<'_> {
-        let hosts = if self.index_hosts {
+        let hosts = if self.index_hosts() {
             Cow::Borrowed(self.hosts.get(model).map_or(&[][..], Vec::as_slice))
         } else {
             let serves = |s: &Slot| s.routable && s.record.models.as_slice().iter().any(|m| m.name == model);
-            Cow::Owned((0..self.slots.len() as u32).filter(|&n| serves(&self.slots[n as usize])).collect())
+            Cow::Owned(self.slots.iter().enumerate().filter(|(_, s)| serves(s)).map(|(n, _)| n as u32).collect())
         };
         Serving { slots: &self.slots, hosts }
     }
 
     /// Names of models with at least one routable host, sorted.
     pub fn routable_models(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = if self.index_hosts {
+        let mut names: Vec<&str> = if self.index_hosts() {
             self.hosts.iter().filter(|(_, h)| !h.is_empty()).map(|(m, _)| m.as_str()).collect()
         } else {
             let routable = self.slots.iter().filter(|s| s.routable);
@@ -406,9 +409,10 @@ impl Replica {
                 }
             }
         }
+        let index_hosts = self.index_hosts();
         let slot = &mut self.slots[i];
         slot.routable = routable;
-        if routable && self.index_hosts {
+        if routable && index_hosts {
             // Not listed under any model now: it was not routable, or its old models were just
             // unlisted above. So no scan of the host lists, which hold thousands of nodes in a
             // large federation; only a model named twice in one record is skipped.

@@ -61,9 +61,13 @@ impl Replica {
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
             debug_assert!(!self.slots[i].routable);
             self.slots.swap_remove(i);
-            let moved_bucket = self.slots.get(i).map(|moved| bucket_of(&moved.record.id, BUCKETS));
-            self.by_bucket.swap_remove(bucket_of(&id, BUCKETS), i as u32, moved_bucket);
-            if let Some(moved) = self.slots.get(i) {
+            let moved = self.slots.get(i);
+            self.by_bucket.swap_remove(
+                bucket_of(&id, BUCKETS),
+                i as u32,
+                moved.map(|m| bucket_of(&m.record.id, BUCKETS)),
+            );
+            if let Some(moved) = moved {
                 self.index.renumber(&moved.record.id, last, i as u32);
                 let renumber = |list: &mut Vec<u32>| {
                     if let Some(s) = list.iter_mut().find(|s| **s == last) {
