@@ -205,7 +205,7 @@ impl Node {
         if record.state >= Lifecycle::Down || !self.reachable(record) {
             return None;
         }
-        let heartbeat = self.membership.detector.member_incarnation(&id)?;
+        let heartbeat = self.membership.detector.member_incarnation(&self.replica, &id)?;
         Some(Piggyback::Suspect { id, generation: record.generation, heartbeat, from: self.config.id })
     }
 }

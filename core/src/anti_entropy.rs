@@ -106,7 +106,8 @@ impl Node {
     /// peer or a random live one, and every [`RECONNECT_INTERVAL`], one with a
     /// member held DOWN.
     pub(crate) fn sync_round(&mut self, interval: Duration, tombstone_ttl: Duration) {
-        self.replica.collect_tombstones(self.now, tombstone_ttl);
+        let detector = &mut self.membership.detector;
+        self.replica.collect_tombstones(self.now, tombstone_ttl, |from, to| detector.renumber(from, to));
         let peer = self.sync.follow_up.take().or_else(|| self.pick_peers(1).pop());
         if let Some(peer) = peer {
             self.start_sync(peer);

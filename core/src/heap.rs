@@ -28,10 +28,9 @@ pub struct HeapBytes {
     pub replica_hosts: u64,
     /// The replica's tombstones, DOWN set and GC watermark.
     pub replica_other: u64,
-    /// The failure detector's member table: id and standing per member.
+    /// The failure detector's member table: incarnation and standing per member, by the
+    /// replica's slot number.
     pub members: u64,
-    /// The member table's index from id to entry.
-    pub members_index: u64,
     /// The probe order of the current pass.
     pub probe_order: u64,
     /// Suspicions held: timers, suspecters, and the vouchers and leases of an anchor.
@@ -49,7 +48,7 @@ impl HeapBytes {
     }
 
     /// Every table with its name, in the order of the fields.
-    pub fn fields(&self) -> [(&'static str, u64); 11] {
+    pub fn fields(&self) -> [(&'static str, u64); 10] {
         [
             ("replica_slots", self.replica_slots),
             ("replica_index", self.replica_index),
@@ -57,7 +56,6 @@ impl HeapBytes {
             ("replica_hosts", self.replica_hosts),
             ("replica_other", self.replica_other),
             ("members", self.members),
-            ("members_index", self.members_index),
             ("probe_order", self.probe_order),
             ("suspicions", self.suspicions),
             ("queues", self.queues),
@@ -74,7 +72,6 @@ impl AddAssign for HeapBytes {
         self.replica_hosts += o.replica_hosts;
         self.replica_other += o.replica_other;
         self.members += o.members;
-        self.members_index += o.members_index;
         self.probe_order += o.probe_order;
         self.suspicions += o.suspicions;
         self.queues += o.queues;
@@ -152,6 +149,6 @@ mod tests {
         assert_eq!(a.total(), 10);
         let sum: HeapBytes = [a, a].into_iter().sum();
         assert_eq!(sum.total(), 20);
-        assert_eq!(sum.fields().len(), 11);
+        assert_eq!(sum.fields().len(), 10);
     }
 }

@@ -310,22 +310,22 @@ impl Node {
         let (now, me) = (self.now, self.config.id);
         let st = &mut self.membership;
         if record.state >= Lifecycle::Down || before.is_some_and(|g| g != record.generation) {
-            st.detector.remove_member(id);
+            st.detector.remove_member(&self.replica, id);
             st.suspicions.remove(&id);
             st.suspects.remove(&id);
             if record.state >= Lifecycle::Down {
                 return;
             }
         }
-        if !st.detector.add_member(now, id, record.heartbeat, probeable)
-            && st.detector.on_alive_gossip(now, id, record.heartbeat) == Rumor::Spread
+        if !st.detector.add_member(&self.replica, now, id, record.heartbeat, probeable)
+            && st.detector.on_alive_gossip(&self.replica, now, id, record.heartbeat) == Rumor::Spread
         {
             // The record at the higher heartbeat is the refutation; the suspicion is stale.
             st.suspicions.remove(&id);
         }
-        if vouch && !st.detector.is_suspect(&id) {
+        if vouch && !st.detector.is_suspect(&self.replica, &id) {
             // Connected to it and not suspecting it (again): vouch for it.
-            st.detector.set_voucher(id, Some(me));
+            st.detector.set_voucher(&self.replica, id, Some(me));
         }
     }
 
@@ -342,13 +342,13 @@ impl Node {
         let probeable = self.reachable(&record);
         let outbound = record.reach == Reachability::OutboundOnly;
         let st = &mut self.membership;
-        st.detector.set_probeable(peer, probeable);
+        st.detector.set_probeable(&self.replica, peer, probeable);
         if outbound {
             if up {
-                st.detector.set_voucher(peer, Some(me));
+                st.detector.set_voucher(&self.replica, peer, Some(me));
             } else {
                 // We vouched for it while connected: losing the connection is our evidence.
-                st.detector.suspect(now, peer);
+                st.detector.suspect(&self.replica, now, peer);
             }
         }
     }
@@ -417,6 +417,62 @@ mod tests {
         }));
         h.run_for(core::time::Duration::from_secs(10));
         assert!(ids.iter().all(|&id| h.node(id).timers.get(Timer::Gossip).is_none()), "asleep again");
+    }
+
+    /// The detector's members are exactly the replica's other nodes not DOWN or LEFT, each
+    /// found at its slot number.
+    fn detector_matches_replica(n: &Node) -> bool {
+        let (replica, detector) = (&n.replica, &n.membership.detector);
+        let live: Vec<NodeId> = replica
+            .slots()
+            .iter()
+            .map(|s| s.record())
+            .filter(|r| r.id != n.config.id && r.state < Lifecycle::Down)
+            .map(|r| r.id)
+            .collect();
+        detector.cluster_size() == live.len() + 1
+            && live.iter().all(|id| detector.member_incarnation(replica, id).is_some())
+    }
+
+    #[test]
+    fn deleted_tombstones_move_slots_and_the_detector_follows() {
+        use crate::harness::Harness;
+        use core::time::Duration;
+        let mut h = Harness::new(5);
+        let ids: Vec<NodeId> = (1..=6).map(NodeId::from_u64).collect();
+        for &id in &ids {
+            let mut c = Config::new(id, 1);
+            c.reach = Reachability::Public(format!("node{id}"));
+            c.membership.tombstone_ttl = Duration::from_secs(20);
+            h.add(c);
+        }
+        for &id in &ids[1..] {
+            h.connect(ids[0], id);
+        }
+        h.run_for(Duration::from_secs(10));
+        let down = |h: &Harness, who: NodeId| {
+            h.running().all(|n| h.node(n).replica().get(&who).is_none_or(|s| s.record().state >= Lifecycle::Down))
+        };
+        // Node 2's slot is not the last on any node: deleting it moves another slot into it.
+        h.kill(ids[1]);
+        assert!(h.run_until(Duration::from_secs(20), |h| down(h, ids[1])), "node 2 held DOWN");
+        assert!(h.run_until(Duration::from_secs(60), |h| h.running().all(|n| h
+            .node(n)
+            .replica()
+            .get(&ids[1])
+            .is_none())));
+        for n in h.running() {
+            assert!(detector_matches_replica(h.node(n)), "{n}: detector and replica agree after the deletion");
+        }
+        // Whichever member moved is still probed where it now is: killing each in turn is seen.
+        for &victim in &ids[2..5] {
+            h.kill(victim);
+            assert!(h.run_until(Duration::from_secs(20), |h| down(h, victim)), "{victim} held DOWN");
+        }
+        h.run_for(Duration::from_secs(5));
+        for n in h.running() {
+            assert!(detector_matches_replica(h.node(n)), "{n}: detector and replica agree");
+        }
     }
 
     /// Counts the signature checks it is asked for, and answers as [`crate::auth::Strict`] does.

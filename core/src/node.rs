@@ -366,7 +366,7 @@ impl Node {
     /// Whether the failure detector suspects `id` now: a suspicion raised and not yet refuted
     /// or confirmed.
     pub fn suspects(&self, id: &NodeId) -> bool {
-        self.membership.detector.is_suspect(id)
+        self.membership.detector.is_suspect(&self.replica, id)
     }
 
     /// Updates waiting to be piggybacked, as (records, suspicions); both run out once a quiet

@@ -1,7 +1,7 @@
 //! The registry: one replica of every node's record, merged through the lattice, with the
 //! "who serves model M" index that routing reads ([`Replica`]).
 
-use crate::id::{IdIndex, NodeId};
+use crate::id::{Directory, IdIndex, NodeId};
 use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
 use crate::time::Time;
 use foldhash::fast::FixedState;
@@ -499,6 +499,19 @@ impl Replica {
     }
 }
 
+/// The replica's slot numbers are the node's member numbers: the failure detector keeps its
+/// per-member state at them ([`Directory`]). A slot keeps its number until its tombstone is
+/// deleted, when the last slot moves into it ([`Replica::collect_tombstones`] says so).
+impl Directory for Replica {
+    fn number(&self, id: &NodeId) -> Option<u32> {
+        self.slot_number(id)
+    }
+
+    fn id(&self, n: u32) -> NodeId {
+        self.slots[n as usize].record.id
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::tombstones::Collected;
@@ -649,9 +662,12 @@ mod tests {
         r.merge(Time::from_secs(10), rec(1, 1, Lifecycle::Left, 2, &["m"]));
         let with_left = r.bucket_hashes(BUCKETS);
         assert_ne!(with_left, with_two);
-        assert_eq!(r.collect_tombstones(Time::from_secs(59), ttl), Collected::default());
+        assert_eq!(r.collect_tombstones(Time::from_secs(59), ttl, |_, _| {}), Collected::default());
         // Half-way: still held, no longer advertised.
-        assert_eq!(r.collect_tombstones(Time::from_secs(60), ttl), Collected { retired: 1, deleted: 0, forgotten: 0 });
+        assert_eq!(
+            r.collect_tombstones(Time::from_secs(60), ttl, |_, _| {}),
+            Collected { retired: 1, deleted: 0, forgotten: 0 }
+        );
         assert!(r.get(&NodeId::from_u64(1)).is_some_and(Slot::is_retired));
         let mut without = replica();
         without.merge(Time::ZERO, rec(2, 1, Lifecycle::Serve, 1, &["m"]));
@@ -659,7 +675,10 @@ mod tests {
         // Re-merging the same tombstone changes nothing.
         assert!(!r.merge(Time::from_secs(70), rec(1, 1, Lifecycle::Left, 2, &["m"])).changed);
         // The end: deleted, and the watermark refuses any copy of that generation or older.
-        assert_eq!(r.collect_tombstones(Time::from_secs(110), ttl), Collected { retired: 0, deleted: 1, forgotten: 0 });
+        assert_eq!(
+            r.collect_tombstones(Time::from_secs(110), ttl, |_, _| {}),
+            Collected { retired: 0, deleted: 1, forgotten: 0 }
+        );
         assert!(r.get(&NodeId::from_u64(1)).is_none());
         assert_eq!(r.get(&NodeId::from_u64(2)).map(|s| s.record().id), Some(NodeId::from_u64(2)));
         assert_eq!(r.len(), 2);
@@ -671,13 +690,19 @@ mod tests {
         // A new generation is a new process of that node: welcome.
         assert!(r.merge(Time::from_secs(130), rec(1, 2, Lifecycle::Serve, 0, &["m"])).new_node);
         // The watermark entry is forgotten after another lifetime.
-        assert_eq!(r.collect_tombstones(Time::from_secs(210), ttl).forgotten, 1);
+        assert_eq!(r.collect_tombstones(Time::from_secs(210), ttl, |_, _| {}).forgotten, 1);
         assert_eq!(r.watermark_len(), 0);
         // A node held DOWN that long is reaped the same way; its next generation is welcome.
         r.merge(Time::from_secs(300), rec(2, 1, Lifecycle::Down, 1, &["m"]));
         assert_eq!(r.down_ids().len(), 1);
-        assert_eq!(r.collect_tombstones(Time::from_secs(350), ttl), Collected { retired: 1, deleted: 0, forgotten: 0 });
-        assert_eq!(r.collect_tombstones(Time::from_secs(400), ttl), Collected { retired: 0, deleted: 1, forgotten: 0 });
+        assert_eq!(
+            r.collect_tombstones(Time::from_secs(350), ttl, |_, _| {}),
+            Collected { retired: 1, deleted: 0, forgotten: 0 }
+        );
+        assert_eq!(
+            r.collect_tombstones(Time::from_secs(400), ttl, |_, _| {}),
+            Collected { retired: 0, deleted: 1, forgotten: 0 }
+        );
         assert!(r.get(&NodeId::from_u64(2)).is_none() && r.down_ids().is_empty());
         assert_eq!(r.merge(Time::from_secs(410), rec(2, 1, Lifecycle::Serve, 5, &["m"])), Merged::default());
         assert!(r.merge(Time::from_secs(420), rec(2, 2, Lifecycle::Serve, 0, &["m"])).new_node);
@@ -694,7 +719,7 @@ mod tests {
         for n in (3..300).step_by(3) {
             r.merge(Time::from_secs(1), rec(n, 1, Lifecycle::Left, 2, &["m"]));
         }
-        assert_eq!(r.collect_tombstones(Time::from_secs(200), ttl).deleted, 99);
+        assert_eq!(r.collect_tombstones(Time::from_secs(200), ttl, |_, _| {}).deleted, 99);
         for count in [1, 8, 64, BUCKETS] {
             let all: Vec<u16> = (0..count as u16).collect();
             let listed = r.slots_in_buckets(count, &all);
@@ -750,7 +775,7 @@ mod tests {
                 let record = Arc::new(record);
                 r.merge(now, record.clone());
                 w.merge(now, record);
-                w.collect_tombstones(now, ttl);
+                w.collect_tombstones(now, ttl, |_, _| {});
                 for x in [&r, &w] {
                     let in_state = |state: Lifecycle| -> BTreeSet<NodeId> {
                         x.slots()[1..].iter().filter(|s| s.record().state == state).map(|s| s.record().id).collect()

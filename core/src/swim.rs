@@ -87,7 +87,7 @@
 //! refutation and confirmation), `vouching` (anchors vouching for outbound-only members, and
 //! their leases), `members` (the member table) and `config` ([`SwimConfig`]).
 
-use crate::id::NodeId;
+use crate::id::{Directory, NodeId};
 use crate::time::Time;
 use core::time::Duration;
 use foldhash::fast::FixedState;
@@ -187,8 +187,8 @@ enum Standing {
 }
 
 /// What the detector knows of one member. The incarnation is kept as bytes so that an entry
-/// has no alignment padding: 26 bytes with its 16-byte id instead of 32, in a table that
-/// every node holds for every member.
+/// has no alignment padding: 10 bytes instead of 16, in a table that every node holds for
+/// every member.
 #[derive(Clone, Debug)]
 struct Member {
     incarnation: [u8; 8],
@@ -293,25 +293,36 @@ impl Swim {
     /// Adds member `id` at `incarnation`, probed directly when `probeable`. A member already known
     /// only has its probeability updated (incarnations move through [`Swim::on_alive_gossip`]).
     /// Returns whether it was new.
-    pub(crate) fn add_member(&mut self, now: Time, id: NodeId, incarnation: u64, probeable: bool) -> bool {
+    ///
+    /// A member is held at the number `dir` holds `id` at; one `dir` does not hold is not added.
+    pub(crate) fn add_member(
+        &mut self,
+        dir: &impl Directory,
+        now: Time,
+        id: NodeId,
+        incarnation: u64,
+        probeable: bool,
+    ) -> bool {
         self.advance(now);
         if id == self.local {
             return false;
         }
-        if self.members.contains_key(&id) {
-            self.set_probeable(id, probeable);
+        if self.members.contains_key(dir, &id) {
+            self.set_probeable(dir, id, probeable);
             return false;
         }
+        let Some(n) = dir.number(&id) else { return false };
         let member = Member { incarnation: incarnation.to_le_bytes(), probeable: false, standing: Standing::Alive };
-        self.members.insert(id, member);
-        self.set_probeable(id, probeable);
+        self.members.insert(n, member);
+        self.set_probeable(dir, id, probeable);
         true
     }
 
     /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
     /// Members it vouched for lose the voucher.
-    pub(crate) fn remove_member(&mut self, id: NodeId) -> bool {
-        let Some(n) = self.members.remove(&id) else { return false };
+    pub(crate) fn remove_member(&mut self, dir: &impl Directory, id: NodeId) -> bool {
+        let Some(n) = self.members.number(dir, &id) else { return false };
+        self.members.remove(n);
         self.lift_suspicion(id);
         self.leave_order(n);
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
@@ -325,8 +336,8 @@ impl Swim {
 
     /// Whether `id` can be pinged directly (it is public, or holds a connection to us). Members
     /// that are not are never probed.
-    pub(crate) fn set_probeable(&mut self, id: NodeId, probeable: bool) {
-        let Some(n) = self.members.number(&id) else { return };
+    pub(crate) fn set_probeable(&mut self, dir: &impl Directory, id: NodeId, probeable: bool) {
+        let Some(n) = self.members.number(dir, &id) else { return };
         let m = self.members.at_mut(n);
         let was = m.probeable && m.standing != Standing::Confirmed;
         m.probeable = probeable;
@@ -343,14 +354,23 @@ impl Swim {
         }
     }
 
+    /// The directory moved what it held at `from` to `to` (it deleted what `to` held, which was
+    /// no member): the member at `from`, if any, is at `to` now, in the probe order too.
+    pub(crate) fn renumber(&mut self, from: u32, to: u32) {
+        self.members.renumber(from, to);
+        if let Some(n) = self.order.iter_mut().find(|n| **n == from) {
+            *n = to;
+        }
+    }
+
     // ----- time -------------------------------------------------------------------------------
 
     /// Handles every deadline due at `now`: suspicions that ran out, ping-reqs that got no ack,
     /// the switch to indirect probing, the next protocol period, and the leases.
-    pub(crate) fn on_timeout(&mut self, now: Time) {
+    pub(crate) fn on_timeout(&mut self, dir: &impl Directory, now: Time) {
         self.advance(now);
         let now = self.now;
-        self.expire_suspicions();
+        self.expire_suspicions(dir);
         let mut i = 0;
         while i < self.relays.len() {
             if self.relays[i].nack_at <= now {
@@ -361,17 +381,17 @@ impl Swim {
             }
         }
         if self.probe.as_ref().and_then(|p| p.indirect_at).is_some_and(|at| at <= now) {
-            self.probe_indirectly();
+            self.probe_indirectly(dir);
         }
         if self.next_probe <= now {
-            self.next_period();
+            self.next_period(dir);
         }
         if self.next_lease_check <= now {
-            self.check_leases();
+            self.check_leases(dir);
         }
         // A probe that failed just now may have made this node a witness of a suspicion old
         // enough to have run out already: confirm it now rather than leave a past deadline.
-        self.expire_suspicions();
+        self.expire_suspicions(dir);
     }
 
     // ----- outputs and state ------------------------------------------------------------------
@@ -425,19 +445,19 @@ impl Swim {
     }
 
     /// True while `id` is suspected.
-    pub(crate) fn is_suspect(&self, id: &NodeId) -> bool {
-        self.members.get(id).is_some_and(|m| m.standing == Standing::Suspect)
+    pub(crate) fn is_suspect(&self, dir: &impl Directory, id: &NodeId) -> bool {
+        self.members.get(dir, id).is_some_and(|m| m.standing == Standing::Suspect)
     }
 
     #[cfg(test)]
     /// True once a suspicion of `id` ran out (until it is removed).
-    pub(crate) fn is_confirmed(&self, id: &NodeId) -> bool {
-        self.members.get(id).is_some_and(|m| m.standing == Standing::Confirmed)
+    pub(crate) fn is_confirmed(&self, dir: &impl Directory, id: &NodeId) -> bool {
+        self.members.get(dir, id).is_some_and(|m| m.standing == Standing::Confirmed)
     }
 
     /// The incarnation known for member `id`.
-    pub(crate) fn member_incarnation(&self, id: &NodeId) -> Option<u64> {
-        self.members.get(id).map(Member::incarnation)
+    pub(crate) fn member_incarnation(&self, dir: &impl Directory, id: &NodeId) -> Option<u64> {
+        self.members.get(dir, id).map(Member::incarnation)
     }
 
     /// The period and probe timeout at the current local health.
@@ -469,6 +489,7 @@ impl Swim {
 mod tests {
     use super::probe::MAX_RELAYS;
     use super::*;
+    use crate::id::Numbered;
     use proptest::prelude::*;
 
     fn id(n: u64) -> NodeId {
@@ -485,7 +506,7 @@ mod tests {
     fn swim(n: u64) -> Swim {
         let mut s = Swim::new(ME, config(), 7, Time::ZERO);
         for i in 1..=n {
-            s.add_member(Time::ZERO, id(i), 0, true);
+            s.add_member(&Numbered, Time::ZERO, id(i), 0, true);
         }
         s
     }
@@ -501,7 +522,7 @@ mod tests {
     /// Runs to the next deadline and returns the actions it produced.
     fn step(s: &mut Swim) -> (Time, Vec<Action>) {
         let at = s.next_deadline();
-        s.on_timeout(at);
+        s.on_timeout(&Numbered, at);
         (at, actions(s))
     }
 
@@ -529,7 +550,7 @@ mod tests {
     fn a_bad_config_still_runs_clamped() {
         let c = SwimConfig { protocol_period: Duration::ZERO, probe_timeout: Duration::ZERO, ..config() };
         let mut s = Swim::new(ME, c, 1, Time::ZERO);
-        s.add_member(Time::ZERO, id(1), 0, true);
+        s.add_member(&Numbered, Time::ZERO, id(1), 0, true);
         let (t, to, _) = next_ping(&mut s);
         assert_eq!(to, id(1));
         assert!(t < Time::from_millis(1));
@@ -580,7 +601,7 @@ mod tests {
         assert_eq!(t1 - t0, Duration::from_secs(1));
         assert!(acts.contains(&Action::GossipSuspect { id: target, incarnation: 0 }));
         assert_eq!(events(&mut s), vec![Event::Suspect(target)]);
-        assert!(s.is_suspect(&target));
+        assert!(s.is_suspect(&Numbered, &target));
         assert_eq!(s.health(), 0, "all nacks came back: no local health penalty");
     }
 
@@ -593,14 +614,14 @@ mod tests {
         s.on_ack(t, via, seq);
         let (_, acts) = step(&mut s);
         assert!(!acts.iter().any(|a| matches!(a, Action::GossipSuspect { .. })));
-        assert!(!s.is_suspect(&target));
+        assert!(!s.is_suspect(&Numbered, &target));
         // A stranger's ack for the same seq would not have counted.
         let mut s = swim(5);
         let (_, target, seq) = next_ping(&mut s);
         step(&mut s);
         s.on_ack(Time::from_secs(1), id(99), seq);
         step(&mut s);
-        assert!(s.is_suspect(&target));
+        assert!(s.is_suspect(&Numbered, &target));
     }
 
     #[test]
@@ -617,7 +638,7 @@ mod tests {
         let mut out = Vec::new();
         while s.now < Time::from_millis(410) {
             let at = s.next_deadline();
-            s.on_timeout(at);
+            s.on_timeout(&Numbered, at);
             out.extend(actions(&mut s));
         }
         assert_eq!(s.now, Time::from_millis(410), "nack due at 80% of the probe timeout");
@@ -660,7 +681,7 @@ mod tests {
         // One member: no helpers, +1 per failed probe. Vouched, so that it is never confirmed
         // and stays in the probe order.
         let mut s = swim(1);
-        s.set_voucher(id(1), Some(id(99)));
+        s.set_voucher(&Numbered, id(1), Some(id(99)));
         for _ in 0..40 {
             next_ping(&mut s);
             step(&mut s);
@@ -678,31 +699,35 @@ mod tests {
     #[test]
     fn a_suspicion_about_ourselves_is_refuted_with_a_higher_incarnation() {
         let mut s = swim(3);
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, ME, 5, id(1)), Rumor::Drop);
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, ME, 5, id(1)), Rumor::Drop);
         assert_eq!(actions(&mut s), vec![Action::GossipAlive { incarnation: 6 }]);
         assert_eq!((s.incarnation(), s.health()), (6, 1));
         // An older rumor needs no new refutation.
-        let _ = s.on_suspect_gossip(Time::ZERO, ME, 5, id(2));
+        let _ = s.on_suspect_gossip(&Numbered, Time::ZERO, ME, 5, id(2));
         assert!(actions(&mut s).is_empty());
     }
 
     #[test]
     fn refutation_lifts_a_suspicion_and_stale_news_is_dropped() {
         let mut s = swim(3);
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 4, id(2)), Rumor::Spread);
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 4, id(2)), Rumor::Spread);
         assert_eq!(events(&mut s), vec![Event::Suspect(id(1))]);
-        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 4), Rumor::Drop, "same incarnation does not refute");
-        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 5), Rumor::Spread);
+        assert_eq!(s.on_alive_gossip(&Numbered, Time::ZERO, id(1), 4), Rumor::Drop, "same incarnation does not refute");
+        assert_eq!(s.on_alive_gossip(&Numbered, Time::ZERO, id(1), 5), Rumor::Spread);
         assert_eq!(events(&mut s), vec![Event::Alive(id(1))]);
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 4, id(3)), Rumor::Drop, "older than the refutation");
-        assert!(!s.is_suspect(&id(1)));
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(77), 0, id(3)), Rumor::Drop, "unknown member");
+        assert_eq!(
+            s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 4, id(3)),
+            Rumor::Drop,
+            "older than the refutation"
+        );
+        assert!(!s.is_suspect(&Numbered, &id(1)));
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(77), 0, id(3)), Rumor::Drop, "unknown member");
     }
 
     #[test]
     fn suspicion_runs_out_into_confirmation_and_the_member_is_no_longer_probed() {
         let mut s = swim(3);
-        s.suspect(Time::ZERO, id(1));
+        s.suspect(&Numbered, Time::ZERO, id(1));
         // 4 members: no confirmations expected (n - 2 < K), so a witness waits the shortest
         // timeout.
         let (min, _) = config().suspicion_bounds(4);
@@ -712,7 +737,7 @@ mod tests {
             let (at, acts) = step(&mut s);
             for a in acts {
                 if let Action::SendPing { to, seq } = a {
-                    assert!(!s.is_confirmed(&to), "a confirmed member was probed");
+                    assert!(!s.is_confirmed(&Numbered, &to), "a confirmed member was probed");
                     s.on_ack(at, to, seq);
                 }
             }
@@ -721,32 +746,32 @@ mod tests {
             }
         }
         assert_eq!(confirmed_at, Some(Time::ZERO + min));
-        assert!(s.is_confirmed(&id(1)));
+        assert!(s.is_confirmed(&Numbered, &id(1)));
         for _ in 0..10 {
             let (_, to, seq) = next_ping(&mut s);
             assert_ne!(to, id(1));
             s.on_ack(s.now, to, seq);
         }
-        assert_eq!(s.on_alive_gossip(Time::ZERO, id(1), 9), Rumor::Drop, "confirmed is final");
-        assert!(s.remove_member(id(1)));
+        assert_eq!(s.on_alive_gossip(&Numbered, Time::ZERO, id(1), 9), Rumor::Drop, "confirmed is final");
+        assert!(s.remove_member(&Numbered, id(1)));
     }
 
     #[test]
     fn independent_confirmations_shorten_the_suspicion() {
         let mut s = swim(20);
         let (min, max) = config().suspicion_bounds(21);
-        s.suspect(Time::ZERO, id(1));
+        s.suspect(&Numbered, Time::ZERO, id(1));
         assert_eq!(s.suspicion_deadline(id(1)) - Time::ZERO, max);
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, ME), Rumor::Drop, "same suspecter again");
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 0, ME), Rumor::Drop, "same suspecter again");
         let mut last = max;
         for c in 3..=5 {
-            assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(c)), Rumor::Spread);
+            assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 0, id(c)), Rumor::Spread);
             let now = s.suspicion_deadline(id(1)) - Time::ZERO;
             assert!(now < last, "confirmation {c} did not shorten the timeout");
             last = now;
         }
         assert_eq!(last, min);
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(6)), Rumor::Drop, "beyond K is no news");
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 0, id(6)), Rumor::Drop, "beyond K is no news");
     }
 
     #[test]
@@ -754,12 +779,12 @@ mod tests {
         let mut s = swim(20);
         let (min, max) = config().suspicion_bounds(21);
         for c in 2..=5 {
-            assert_eq!(s.on_suspect_gossip(Time::ZERO, id(1), 0, id(c)), Rumor::Spread);
+            assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(1), 0, id(c)), Rumor::Spread);
             assert_eq!(s.suspicion_deadline(id(1)) - Time::ZERO, max, "a rumor alone waits the longest");
         }
         // Our own probe fails too: the confirmations heard so far count at once. The suspecter
         // list is full, so our suspicion is not news to spread.
-        s.suspect(Time::from_secs(1), id(1));
+        s.suspect(&Numbered, Time::from_secs(1), id(1));
         assert_eq!(s.suspicion_deadline(id(1)) - Time::ZERO, min);
         assert!(actions(&mut s).iter().all(|a| !matches!(a, Action::GossipSuspect { .. })));
     }
@@ -773,11 +798,11 @@ mod tests {
         let mut s = swim(1);
         let (min, max) = config().suspicion_bounds(s.cluster_size());
         let heard = Time::from_secs(1);
-        assert_eq!(s.on_suspect_gossip(heard, id(1), 0, id(9)), Rumor::Spread);
+        assert_eq!(s.on_suspect_gossip(&Numbered, heard, id(1), 0, id(9)), Rumor::Spread);
         let mut confirmed = None;
         while confirmed.is_none() && s.next_deadline() < heard + max {
             let now = s.next_deadline();
-            s.on_timeout(now);
+            s.on_timeout(&Numbered, now);
             assert!(s.next_deadline() > now, "deadline {} left at {now}", s.next_deadline());
             for a in actions(&mut s) {
                 if let Action::SendPing { to, seq } = a {
@@ -797,30 +822,30 @@ mod tests {
     #[test]
     fn vouched_members_are_not_suspected_until_the_voucher_goes() {
         let mut s = swim(3);
-        s.add_member(Time::ZERO, id(10), 0, false);
-        s.set_voucher(id(10), Some(id(1)));
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(2)), Rumor::Drop);
-        s.suspect(Time::ZERO, id(10));
-        assert!(!s.is_suspect(&id(10)));
-        s.remove_member(id(1));
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(2)), Rumor::Spread);
-        assert!(s.is_suspect(&id(10)));
-        s.set_voucher(id(10), Some(id(3)));
-        assert!(!s.is_suspect(&id(10)));
+        s.add_member(&Numbered, Time::ZERO, id(10), 0, false);
+        s.set_voucher(&Numbered, id(10), Some(id(1)));
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(10), 0, id(2)), Rumor::Drop);
+        s.suspect(&Numbered, Time::ZERO, id(10));
+        assert!(!s.is_suspect(&Numbered, &id(10)));
+        s.remove_member(&Numbered, id(1));
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(10), 0, id(2)), Rumor::Spread);
+        assert!(s.is_suspect(&Numbered, &id(10)));
+        s.set_voucher(&Numbered, id(10), Some(id(3)));
+        assert!(!s.is_suspect(&Numbered, &id(10)));
         assert_eq!(events(&mut s), vec![Event::Suspect(id(10)), Event::Alive(id(10))]);
         // The voucher itself losing the member ends the vouching.
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(3)), Rumor::Spread);
-        assert!(s.is_suspect(&id(10)));
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(10), 0, id(3)), Rumor::Spread);
+        assert!(s.is_suspect(&Numbered, &id(10)));
     }
 
     #[test]
     fn an_anchor_that_loses_its_member_suspects_it_despite_vouching_for_it() {
         let mut s = swim(2);
-        s.add_member(Time::ZERO, id(10), 0, false);
-        s.set_voucher(id(10), Some(ME));
-        assert_eq!(s.on_suspect_gossip(Time::ZERO, id(10), 0, id(1)), Rumor::Drop, "we hold its connection");
-        s.suspect(Time::ZERO, id(10));
-        assert!(s.is_suspect(&id(10)));
+        s.add_member(&Numbered, Time::ZERO, id(10), 0, false);
+        s.set_voucher(&Numbered, id(10), Some(ME));
+        assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(10), 0, id(1)), Rumor::Drop, "we hold its connection");
+        s.suspect(&Numbered, Time::ZERO, id(10));
+        assert!(s.is_suspect(&Numbered, &id(10)));
         assert_eq!(actions(&mut s), vec![Action::GossipSuspect { id: id(10), incarnation: 0 }]);
     }
 
@@ -828,8 +853,8 @@ mod tests {
     fn an_anchor_holds_a_lease_on_its_member_pinging_it_in_silence_and_suspecting_it_after() {
         let lease = config().vouch_lease;
         let mut s = swim(2);
-        s.add_member(Time::ZERO, id(10), 0, false);
-        s.set_voucher(id(10), Some(ME));
+        s.add_member(&Numbered, Time::ZERO, id(10), 0, false);
+        s.set_voucher(&Numbered, id(10), Some(ME));
         // Runs to `until`, answering every ping while `answers` says so; returns the pings
         // the member got and the events.
         let run = |s: &mut Swim, until: Time, answers: bool| {
@@ -886,11 +911,11 @@ mod tests {
         assert!(at >= last + lease && at <= last + lease + lease / 6, "suspected at {at}, last heard {last}");
         assert!(pings >= 4, "only {pings} pings before giving up");
         // Its refutation makes the anchor vouch again: others' suspicions are dropped.
-        assert_eq!(s.on_alive_gossip(at, id(10), 1), Rumor::Spread);
+        assert_eq!(s.on_alive_gossip(&Numbered, at, id(10), 1), Rumor::Spread);
         assert_eq!(events(&mut s), vec![Event::Alive(id(10))]);
-        assert_eq!(s.on_suspect_gossip(at, id(10), 1, id(1)), Rumor::Drop, "we vouch for it again");
+        assert_eq!(s.on_suspect_gossip(&Numbered, at, id(10), 1, id(1)), Rumor::Drop, "we vouch for it again");
         // Losing the connection ends the lease: no more lease pings.
-        s.suspect(at, id(10));
+        s.suspect(&Numbered, at, id(10));
         let (pinged, _) = run(&mut s, at + lease * 4, false);
         assert!(pinged.is_empty(), "pinged after the connection closed: {pinged:?}");
     }
@@ -898,13 +923,64 @@ mod tests {
     #[test]
     fn unprobeable_members_are_never_probed() {
         let mut s = swim(2);
-        s.add_member(Time::ZERO, id(10), 0, false);
-        s.add_member(Time::ZERO, id(11), 0, true);
-        s.set_probeable(id(11), false);
+        s.add_member(&Numbered, Time::ZERO, id(10), 0, false);
+        s.add_member(&Numbered, Time::ZERO, id(11), 0, true);
+        s.set_probeable(&Numbered, id(11), false);
         for _ in 0..30 {
             let (t, to, seq) = next_ping(&mut s);
             assert!(to == id(1) || to == id(2), "probed {to:?}");
             s.on_ack(t, to, seq);
+        }
+    }
+
+    /// A directory that deletes as the replica does: the last entry moves into the hole.
+    struct Slots(Vec<NodeId>);
+
+    impl Directory for Slots {
+        fn number(&self, id: &NodeId) -> Option<u32> {
+            self.0.iter().position(|x| x == id).map(|n| n as u32)
+        }
+
+        fn id(&self, n: u32) -> NodeId {
+            self.0[n as usize]
+        }
+    }
+
+    #[test]
+    fn members_follow_the_directory_when_a_deletion_moves_an_entry() {
+        // The local node, members 1, 3, 4 and 5, and at number 2 a tombstone (no member).
+        let mut dir = Slots([0, 1, 9, 3, 4, 5].map(id).to_vec());
+        let mut s = Swim::new(ME, config(), 7, Time::ZERO);
+        for k in [1, 3, 4, 5] {
+            assert!(s.add_member(&dir, Time::ZERO, id(k), k, true));
+        }
+        assert!(!s.add_member(&dir, Time::ZERO, id(77), 0, true), "not in the directory");
+        assert_eq!(s.on_suspect_gossip(&dir, Time::ZERO, id(5), 5, id(1)), Rumor::Spread);
+        // The tombstone is deleted: 5 moves from number 5 to number 2.
+        dir.0.swap_remove(2);
+        s.renumber(5, 2);
+        assert!(s.is_suspect(&dir, &id(5)) && !s.is_suspect(&dir, &id(4)));
+        assert_eq!(s.member_incarnation(&dir, &id(5)), Some(5));
+        assert_eq!(s.member_incarnation(&dir, &id(3)), Some(3));
+        assert!(s.remove_member(&dir, id(3)));
+        assert_eq!(s.cluster_size(), 4);
+        s.check_invariants(&dir).expect("consistent after the move");
+        // Two passes probe 1, 4 and 5 once each, whatever their numbers now.
+        let mut probed = Vec::new();
+        while probed.len() < 6 {
+            let at = s.next_deadline();
+            s.on_timeout(&dir, at);
+            for a in actions(&mut s) {
+                if let Action::SendPing { to, seq } = a {
+                    probed.push(to);
+                    s.on_ack(at, to, seq);
+                }
+            }
+        }
+        for pass in probed.chunks(3) {
+            let mut pass = pass.to_vec();
+            pass.sort();
+            assert_eq!(pass, [1, 4, 5].map(id));
         }
     }
 
@@ -925,7 +1001,7 @@ mod tests {
 
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
-            match self.members.get(&id).expect("a member").standing {
+            match self.members.get(&Numbered, &id).expect("a member").standing {
                 Standing::Suspect => self.suspected[&id].deadline(),
                 _ => Time::NEVER,
             }
@@ -933,16 +1009,17 @@ mod tests {
 
         /// The probe order holds each probeable, unconfirmed member once; the suspicion
         /// deadlines are exactly those of the suspected members.
-        fn check_invariants(&self) -> Result<(), InvariantError> {
+        fn check_invariants(&self, dir: &impl Directory) -> Result<(), InvariantError> {
             let mut sorted = self.order.clone();
             sorted.sort();
             sorted.dedup();
             if sorted.len() != self.order.len() {
                 return Err(InvariantError::DuplicateInOrder { order: self.order.clone() });
             }
-            for (id, m) in self.members.iter() {
+            for (n, m) in self.members.iter() {
                 let should = m.probeable && m.standing != Standing::Confirmed;
-                if should != self.members.number(&id).is_some_and(|n| self.order.contains(&n)) {
+                if should != self.order.contains(&n) {
+                    let id = dir.id(n);
                     return Err(InvariantError::OrderMembership { id, present: !should, should });
                 }
             }
@@ -952,8 +1029,8 @@ mod tests {
             let expected: BTreeSet<(Time, NodeId)> = self
                 .members
                 .iter()
-                .filter_map(|(id, m)| match m.standing {
-                    Standing::Suspect => Some((self.suspected.get(&id)?.deadline(), id)),
+                .filter_map(|(n, m)| match m.standing {
+                    Standing::Suspect => Some((self.suspected.get(&dir.id(n))?.deadline(), dir.id(n))),
                     _ => None,
                 })
                 .collect();
@@ -968,7 +1045,7 @@ mod tests {
                 return Err(InvariantError::HealthOverMax { health: self.health, max: self.config.max_health });
             }
             // Leases are held on members only, and a held lease is checked.
-            if let Some(&id) = self.leases.keys().find(|id| !self.members.contains_key(id)) {
+            if let Some(&id) = self.leases.keys().find(|id| !self.members.contains_key(dir, id)) {
                 return Err(InvariantError::LeaseOnNonMember { id });
             }
             if !self.leases.is_empty() && self.next_lease_check == Time::NEVER {
@@ -1093,11 +1170,11 @@ mod tests {
             for (i, at) in inputs {
                 let now = Time(at);
                 match i {
-                    Input::Add(a, inc, p) => { s.add_member(now, id(a), inc, p); }
-                    Input::Remove(a) => { s.remove_member(id(a)); }
-                    Input::Probeable(a, p) => s.set_probeable(id(a), p),
-                    Input::Voucher(a, v) => s.set_voucher(id(a), v.map(id)),
-                    Input::Suspect(a) => s.suspect(now, id(a)),
+                    Input::Add(a, inc, p) => { s.add_member(&Numbered, now, id(a), inc, p); }
+                    Input::Remove(a) => { s.remove_member(&Numbered, id(a)); }
+                    Input::Probeable(a, p) => s.set_probeable(&Numbered, id(a), p),
+                    Input::Voucher(a, v) => s.set_voucher(&Numbered, id(a), v.map(id)),
+                    Input::Suspect(a) => s.suspect(&Numbered, now, id(a)),
                     Input::Ping(a, q) => s.on_ping(now, id(a), q),
                     Input::PingReq(a, b, q) => s.on_ping_req(now, id(a), id(b), q),
                     Input::AckProbe(answer) => {
@@ -1107,9 +1184,9 @@ mod tests {
                     }
                     Input::Ack(a, q) => s.on_ack(now, id(a), q),
                     Input::Nack(a, q) => s.on_nack(now, id(a), q),
-                    Input::SuspectGossip(a, inc, f) => { let _ = s.on_suspect_gossip(now, id(a), inc, id(f)); }
-                    Input::AliveGossip(a, inc) => { let _ = s.on_alive_gossip(now, id(a), inc); }
-                    Input::Timeout => { let at = s.next_deadline(); if at != Time::NEVER { s.on_timeout(at); } }
+                    Input::SuspectGossip(a, inc, f) => { let _ = s.on_suspect_gossip(&Numbered, now, id(a), inc, id(f)); }
+                    Input::AliveGossip(a, inc) => { let _ = s.on_alive_gossip(&Numbered, now, id(a), inc); }
+                    Input::Timeout => { let at = s.next_deadline(); if at != Time::NEVER { s.on_timeout(&Numbered, at); } }
                     Input::Incarnation(inc) => s.set_incarnation(inc),
                     Input::Heard(a) => s.heard_from(now, id(a)),
                 }
@@ -1122,10 +1199,10 @@ mod tests {
                 }
                 for e in events(&mut s) {
                     if let Event::Confirm(dead) = e {
-                        prop_assert!(s.is_confirmed(&dead));
+                        prop_assert!(s.is_confirmed(&Numbered, &dead));
                     }
                 }
-                if let Err(e) = s.check_invariants() {
+                if let Err(e) = s.check_invariants(&Numbered) {
                     prop_assert!(false, "{}", e);
                 }
             }
@@ -1140,13 +1217,13 @@ mod tests {
         ) {
             let mut s = Swim::new(ME, config(), seed, Time::ZERO);
             for i in 1..=12 {
-                s.add_member(Time::ZERO, id(i), 0, true);
+                s.add_member(&Numbered, Time::ZERO, id(i), 0, true);
             }
             let mut pass = s.passes;
             let mut seen: Vec<NodeId> = Vec::new();
             for (what, n) in steps {
                 let at = s.next_deadline();
-                s.on_timeout(at);
+                s.on_timeout(&Numbered, at);
                 for a in actions(&mut s) {
                     if let Action::SendPing { to, seq } = a {
                         if s.passes != pass {
@@ -1168,13 +1245,13 @@ mod tests {
                     }
                 }
                 match what {
-                    2 => { s.add_member(at, id(n), 0, true); }
+                    2 => { s.add_member(&Numbered, at, id(n), 0, true); }
                     3 => {
                         // A member that leaves and joins again is a new member.
-                        s.remove_member(id(n));
+                        s.remove_member(&Numbered, id(n));
                         seen.retain(|m| *m != id(n));
                     }
-                    4 => { let _ = s.on_suspect_gossip(at, ME, n, id(1)); }
+                    4 => { let _ = s.on_suspect_gossip(&Numbered, at, ME, n, id(1)); }
                     _ => {}
                 }
                 prop_assert!(s.health() <= config().max_health);

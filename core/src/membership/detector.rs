@@ -135,7 +135,7 @@ impl Node {
             let ids: Vec<NodeId> = st.suspects.get(&target).into_iter().chain(others).copied().collect();
             for id in ids {
                 let generation = self.replica.get(&id).map(|s| s.record().generation);
-                let heartbeat = st.detector.member_incarnation(&id);
+                let heartbeat = st.detector.member_incarnation(&self.replica, &id);
                 if let (Some(generation), Some(heartbeat)) = (generation, heartbeat) {
                     b.push(&Piggyback::Suspect { id, generation, heartbeat, from: self.config.id });
                 }

@@ -32,7 +32,7 @@ impl Node {
         let st = &mut self.membership;
         let now = self.now;
         match timer {
-            Timer::Probe => st.detector.on_timeout(now),
+            Timer::Probe => st.detector.on_timeout(&self.replica, now),
             Timer::Gossip => {
                 let interval = st.settings.gossip_interval;
                 let fanout = st.settings.gossip_fanout;

@@ -98,7 +98,7 @@ impl Node {
         if held.generation != generation {
             return None; // a generation we do not hold yet: its record will tell more
         }
-        if st.detector.on_suspect_gossip(now, id, heartbeat, from) == Rumor::Spread {
+        if st.detector.on_suspect_gossip(&self.replica, now, id, heartbeat, from) == Rumor::Spread {
             st.suspicions.push(QueuedSuspicion::new(id, generation, heartbeat, from));
         }
         None

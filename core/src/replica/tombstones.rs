@@ -27,8 +27,15 @@ impl Replica {
     /// refused rather than merged back. `ttl` must be far longer than the longest partition
     /// expected to heal: a node cut off for longer comes back only in a new generation.
     ///
-    /// Looks only at the LEFT and DOWN records, not at every slot.
-    pub(crate) fn collect_tombstones(&mut self, now: Time, ttl: Duration) -> Collected {
+    /// Looks only at the LEFT and DOWN records, not at every slot. A deletion moves the last
+    /// slot into the deleted one's place; `moved(from, to)` is told of each such move, so that
+    /// tables kept by slot number ([`crate::id::Directory`]) can follow.
+    pub(crate) fn collect_tombstones(
+        &mut self,
+        now: Time,
+        ttl: Duration,
+        mut moved: impl FnMut(u32, u32),
+    ) -> Collected {
         let mut done = Collected::default();
         let half = ttl / 2;
         let due: Vec<NodeId> = self
@@ -61,21 +68,22 @@ impl Replica {
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
             debug_assert!(!self.slots[i].routable);
             self.slots.swap_remove(i);
-            let moved = self.slots.get(i);
+            let moved_slot = self.slots.get(i);
             self.by_bucket.swap_remove(
                 bucket_of(&id, BUCKETS),
                 i as u32,
-                moved.map(|m| bucket_of(&m.record.id, BUCKETS)),
+                moved_slot.map(|m| bucket_of(&m.record.id, BUCKETS)),
             );
-            if let Some(moved) = moved {
-                self.index.renumber(&moved.record.id, last, i as u32);
+            if let Some(m) = moved_slot {
+                moved(last, i as u32);
+                self.index.renumber(&m.record.id, last, i as u32);
                 let renumber = |list: &mut Vec<u32>| {
                     if let Some(s) = list.iter_mut().find(|s| **s == last) {
                         *s = i as u32;
                     }
                 };
-                if moved.routable {
-                    for m in moved.record.models.as_slice() {
+                if m.routable {
+                    for m in m.record.models.as_slice() {
                         if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
                             renumber(list);
                         }

@@ -9,7 +9,7 @@
 
 use super::{Action, Event, Rumor, Swim, SwimConfig};
 use crate::broadcast::{BroadcastQueue, Update};
-use crate::id::NodeId;
+use crate::id::{NodeId, Numbered};
 use crate::time::Time;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -158,7 +158,7 @@ impl Cluster {
             .map(|i| {
                 let mut swim = Swim::new(id(i), config.clone(), seed ^ ((i as u64 + 1) * 0x9e37_79b9), Time::ZERO);
                 for j in (0..n).filter(|&j| j != i) {
-                    swim.add_member(Time::ZERO, id(j), 0, true);
+                    swim.add_member(&Numbered, Time::ZERO, id(j), 0, true);
                 }
                 Member {
                     id: id(i),
@@ -252,7 +252,7 @@ impl Cluster {
             return;
         }
         m.dead.insert(dead, now);
-        m.swim.remove_member(dead);
+        m.swim.remove_member(&Numbered, dead);
         m.queue.push(Gossip::Dead { id: dead, generation: m.generations[index(dead)] });
     }
 
@@ -291,23 +291,24 @@ impl Cluster {
                     if generation > m.generations[index(id)] {
                         m.generations[index(id)] = generation;
                         if m.dead.remove(&id).is_some() {
-                            m.swim.add_member(now, id, incarnation, true);
+                            m.swim.add_member(&Numbered, now, id, incarnation, true);
                         }
                         m.queue.push(g);
                     }
                 }
                 Gossip::Suspect { id, .. } | Gossip::Alive { id, .. } if m.dead.contains_key(&id) => {}
                 Gossip::Suspect { id, incarnation, from } => {
-                    if m.swim.on_suspect_gossip(now, id, incarnation, from) == Rumor::Spread {
+                    if m.swim.on_suspect_gossip(&Numbered, now, id, incarnation, from) == Rumor::Spread {
                         m.queue.push(g);
                     }
-                    let held = if id == me { Some(m.swim.incarnation()) } else { m.swim.member_incarnation(&id) };
+                    let held =
+                        if id == me { Some(m.swim.incarnation()) } else { m.swim.member_incarnation(&Numbered, &id) };
                     if let Some(held) = held.filter(|&h| id == me || h > incarnation) {
                         answers.push(Gossip::Alive { id, incarnation: held });
                     }
                 }
                 Gossip::Alive { id, incarnation } => {
-                    if m.swim.on_alive_gossip(now, id, incarnation) == Rumor::Spread {
+                    if m.swim.on_alive_gossip(&Numbered, now, id, incarnation) == Rumor::Spread {
                         m.queue.push(g);
                     }
                 }
@@ -347,7 +348,7 @@ impl Cluster {
             }
             for i in 0..self.members.len() {
                 if !self.members[i].crashed && self.members[i].swim.next_deadline() <= self.now {
-                    self.members[i].swim.on_timeout(self.now);
+                    self.members[i].swim.on_timeout(&Numbered, self.now);
                     self.drain(i);
                 }
             }

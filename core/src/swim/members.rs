@@ -1,108 +1,106 @@
-//! The detector's member table: every member's entry once, in a slab, found through an index of
-//! 4-byte slab numbers. Every node of a 10,000-node federation holds one with 10,000 entries,
-//! and the probe order refers to members by slab number, so neither repeats the 16-byte id.
+//! The detector's member table: each member's standing, kept at the number the node's
+//! [`Directory`] (the replica's slots) holds it at. Every node of a 10,000-node federation holds
+//! one with 10,000 entries; keyed this way an entry is 10 bytes, with neither the 16-byte id
+//! again nor an index of its own, and the probe order refers to members by the same numbers.
 
 use super::Member;
-use crate::id::{IdIndex, NodeId};
+use crate::id::{Directory, NodeId};
 
-#[derive(Clone, Debug)]
-struct Entry {
-    id: NodeId,
-    member: Member,
-}
-
-/// Members by id, each with a slab number that stays its own until it is removed.
+/// Members by directory number.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Members {
-    /// The entries; `None` where `free` lists a hole.
-    slab: Vec<Option<Entry>>,
-    free: Vec<u32>,
-    /// Slab numbers by the id in the entry.
-    index: IdIndex,
-}
-
-/// The id in slab entry `n`, if it holds one.
-fn id_in(slab: &[Option<Entry>], n: u32) -> Option<NodeId> {
-    slab.get(n as usize)?.as_ref().map(|e| e.id)
+    /// The entries by number; `None` where the directory's number is no member.
+    table: Vec<Option<Member>>,
+    len: usize,
 }
 
 impl Members {
     pub(super) fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
-    /// Adds the heap bytes of the table and its index to `heap` ([`crate::heap`]).
+    /// Adds the heap bytes of the table to `heap` ([`crate::heap`]).
     pub(super) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
-        heap.members +=
-            crate::heap::array::<Option<Entry>>(self.slab.capacity()) + crate::heap::array::<u32>(self.free.capacity());
-        heap.members_index += self.index.heap_bytes();
+        heap.members += crate::heap::array::<Option<Member>>(self.table.capacity());
     }
 
-    /// The slab number of `id`.
-    pub(super) fn number(&self, id: &NodeId) -> Option<u32> {
-        self.index.find(id, |n| id_in(&self.slab, n))
+    /// The number of member `id`.
+    pub(super) fn number(&self, dir: &impl Directory, id: &NodeId) -> Option<u32> {
+        let n = dir.number(id)?;
+        self.table.get(n as usize)?.as_ref().map(|_| n)
     }
 
-    pub(super) fn contains_key(&self, id: &NodeId) -> bool {
-        self.number(id).is_some()
+    pub(super) fn contains_key(&self, dir: &impl Directory, id: &NodeId) -> bool {
+        self.number(dir, id).is_some()
     }
 
-    pub(super) fn get(&self, id: &NodeId) -> Option<&Member> {
-        self.number(id).map(|n| self.at(n))
+    pub(super) fn get(&self, dir: &impl Directory, id: &NodeId) -> Option<&Member> {
+        self.table.get(dir.number(id)? as usize)?.as_ref()
     }
 
-    pub(super) fn get_mut(&mut self, id: &NodeId) -> Option<&mut Member> {
-        let n = self.number(id)?;
-        Some(self.at_mut(n))
+    pub(super) fn get_mut(&mut self, dir: &impl Directory, id: &NodeId) -> Option<&mut Member> {
+        self.table.get_mut(dir.number(id)? as usize)?.as_mut()
     }
 
-    /// The id of the member numbered `n`; panics on a hole.
-    pub(super) fn id(&self, n: u32) -> NodeId {
-        self.entry(n).id
-    }
-
-    /// The member numbered `n`; panics on a hole.
+    /// The member numbered `n`; panics unless it is one.
     pub(super) fn at(&self, n: u32) -> &Member {
-        &self.entry(n).member
+        self.table[n as usize].as_ref().expect("a member number names a member")
     }
 
-    /// The member numbered `n`, to change; panics on a hole.
+    /// The member numbered `n`, to change; panics unless it is one.
     pub(super) fn at_mut(&mut self, n: u32) -> &mut Member {
-        &mut self.slab[n as usize].as_mut().expect("a member number names a member").member
+        self.table[n as usize].as_mut().expect("a member number names a member")
     }
 
-    fn entry(&self, n: u32) -> &Entry {
-        self.slab[n as usize].as_ref().expect("a member number names a member")
+    /// Makes number `n`, which must be no member yet, a member.
+    pub(super) fn insert(&mut self, n: u32, member: Member) {
+        let n = n as usize;
+        if n >= self.table.len() {
+            let more = n + 1 - self.table.len();
+            if n >= self.table.capacity() {
+                // The directory grows a slot at a time; grow by a quarter, as it does.
+                self.table.reserve_exact(more.max(self.table.len() / 4 + 4));
+            }
+            self.table.resize(n + 1, None);
+        }
+        debug_assert!(self.table[n].is_none());
+        self.len += usize::from(self.table[n].is_none());
+        self.table[n] = Some(member);
     }
 
-    /// Adds `id`, which must not be a member yet; returns its number.
-    pub(super) fn insert(&mut self, id: NodeId, member: Member) -> u32 {
-        debug_assert!(!self.contains_key(&id));
-        let n = crate::slab_insert(&mut self.slab, &mut self.free, Entry { id, member });
-        let slab = &self.slab;
-        self.index.insert(id, n, |m| id_in(slab, m));
-        n
+    /// Removes the member numbered `n`; returns it.
+    pub(super) fn remove(&mut self, n: u32) -> Option<Member> {
+        let m = self.table.get_mut(n as usize)?.take()?;
+        self.len -= 1;
+        Some(m)
     }
 
-    /// Removes `id`; returns the number it had.
-    pub(super) fn remove(&mut self, id: &NodeId) -> Option<u32> {
-        let slab = &self.slab;
-        let n = self.index.remove(id, |m| id_in(slab, m))?;
-        self.slab[n as usize] = None;
-        self.free.push(n);
-        Some(n)
+    /// The directory moved whatever it held at `from` to `to`, where it held nothing any more:
+    /// the member numbered `from`, if any, is numbered `to` now.
+    pub(super) fn renumber(&mut self, from: u32, to: u32) {
+        let member = self.table.get_mut(from as usize).and_then(Option::take);
+        if let Some(slot) = self.table.get_mut(to as usize) {
+            debug_assert!(slot.is_none(), "a number the directory gave up held a member");
+            *slot = member;
+        } else if let Some(member) = member {
+            self.insert(to, member);
+        }
+        while self.table.last().is_some_and(Option::is_none) {
+            self.table.pop();
+        }
     }
 
-    /// Every member with its id, in slab order.
+    /// Every member with its number, in number order.
     #[cfg(test)]
-    pub(super) fn iter(&self) -> impl Iterator<Item = (NodeId, &Member)> {
-        self.slab.iter().flatten().map(|e| (e.id, &e.member))
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &Member)> {
+        self.table.iter().enumerate().filter_map(|(n, m)| Some((n as u32, m.as_ref()?)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::id::Numbered;
     use crate::swim::Standing;
 
     fn member(incarnation: u64) -> Member {
@@ -110,29 +108,31 @@ mod tests {
     }
 
     #[test]
-    fn a_member_entry_has_no_padding() {
+    fn a_member_entry_is_ten_bytes() {
         // Every node of a 10,000-node federation holds 10,000 of them.
-        assert_eq!(core::mem::size_of::<Option<Entry>>(), 26);
+        assert_eq!(core::mem::size_of::<Option<Member>>(), 10);
     }
 
     #[test]
-    fn numbers_stay_put_and_holes_are_reused() {
+    fn members_are_found_through_the_directory_and_follow_its_moves() {
         let mut t = Members::default();
-        let ids: Vec<NodeId> = (0..100).map(NodeId::from_u64).collect();
-        for (k, id) in ids.iter().enumerate() {
-            assert_eq!(t.insert(*id, member(k as u64)), k as u32);
+        for k in 0..100u32 {
+            t.insert(k, member(u64::from(k)));
         }
-        assert_eq!(t.remove(&ids[7]), Some(7));
-        assert_eq!(t.remove(&ids[7]), None);
-        assert!(!t.contains_key(&ids[7]));
-        for (k, id) in ids.iter().enumerate().filter(|(k, _)| *k != 7) {
-            let n = t.number(id).expect("still a member");
-            assert_eq!((n, t.id(n), t.at(n).incarnation()), (k as u32, *id, k as u64));
-        }
-        assert_eq!(t.insert(NodeId::from_u64(500), member(500)), 7, "the hole is filled first");
-        assert_eq!(t.insert(NodeId::from_u64(501), member(501)), 100);
-        assert_eq!((t.len(), t.iter().count()), (101, 101));
-        t.get_mut(&NodeId::from_u64(500)).expect("a member").standing = Standing::Suspect;
-        assert_eq!(t.get(&NodeId::from_u64(500)).map(|m| m.standing), Some(Standing::Suspect));
+        assert_eq!(t.remove(7).map(|m| m.incarnation()), Some(7));
+        assert!(t.remove(7).is_none());
+        let id = NodeId::from_u64;
+        assert!(!t.contains_key(&Numbered, &id(7)));
+        assert_eq!(t.number(&Numbered, &id(8)), Some(8));
+        assert_eq!(t.get(&Numbered, &id(500)).map(Member::incarnation), None);
+        // The directory deleted number 7 and moved 99 into it.
+        t.renumber(99, 7);
+        assert_eq!(t.get(&Numbered, &id(7)).map(Member::incarnation), Some(99));
+        assert!(t.get(&Numbered, &id(99)).is_none());
+        assert_eq!((t.len(), t.iter().count()), (99, 99));
+        t.insert(500, member(500));
+        t.get_mut(&Numbered, &id(500)).expect("a member").standing = Standing::Suspect;
+        assert_eq!(t.at(500).standing, Standing::Suspect);
+        assert_eq!(t.len(), 100);
     }
 }

@@ -4,7 +4,7 @@
 //! does to local health ([module docs](super), points 1, 2 and 5).
 
 use super::{Action, Standing, Swim};
-use crate::id::NodeId;
+use crate::id::{Directory, NodeId};
 use crate::time::Time;
 use rand::Rng;
 
@@ -122,9 +122,9 @@ impl Swim {
     }
 
     /// Judges the last period's probe and starts the next one.
-    pub(super) fn next_period(&mut self) {
+    pub(super) fn next_period(&mut self, dir: &impl Directory) {
         if let Some(p) = self.probe.take() {
-            self.probe_failed(p);
+            self.probe_failed(dir, p);
         }
         let (period, timeout) = self.scaled_timing();
         self.next_probe = self.now + period;
@@ -138,7 +138,7 @@ impl Swim {
             self.passes += 1;
         }
         let Some(&n) = self.order.get(self.cursor) else { return };
-        let target = self.members.id(n);
+        let target = dir.id(n);
         self.cursor += 1;
         let seq = self.take_seq();
         self.probe =
@@ -146,10 +146,10 @@ impl Swim {
         self.actions.push_back(Action::SendPing { to: target, seq });
     }
 
-    pub(super) fn probe_indirectly(&mut self) {
+    pub(super) fn probe_indirectly(&mut self, dir: &impl Directory) {
         let Some(p) = self.probe.as_ref() else { return };
         let (target, seq) = (p.target, p.seq);
-        let vias = self.pick_helpers(target, self.config.indirect_probes);
+        let vias = self.pick_helpers(dir, target, self.config.indirect_probes);
         for &via in &vias {
             self.actions.push_back(Action::SendPingReq { via, target, seq });
         }
@@ -160,21 +160,21 @@ impl Swim {
     }
 
     /// Up to `k` distinct members, not `target`, probeable and not suspected.
-    fn pick_helpers(&mut self, target: NodeId, k: usize) -> Vec<NodeId> {
+    fn pick_helpers(&mut self, dir: &impl Directory, target: NodeId, k: usize) -> Vec<NodeId> {
         let members = &self.members;
-        let healthy = |n: u32| members.at(n).standing == Standing::Alive && members.id(n) != target;
+        let healthy = |n: u32| members.at(n).standing == Standing::Alive && dir.id(n) != target;
         let mut picked = Vec::with_capacity(k);
         if self.order.len() < SCAN_BELOW {
             let mut pool: Vec<u32> = self.order.iter().copied().filter(|&n| healthy(n)).collect();
             while picked.len() < k && !pool.is_empty() {
                 let i = self.rng.random_range(0..pool.len());
-                picked.push(members.id(pool.swap_remove(i)));
+                picked.push(dir.id(pool.swap_remove(i)));
             }
             return picked;
         }
         for _ in 0..k * 4 {
             let n = self.order[self.rng.random_range(0..self.order.len())];
-            let id = members.id(n);
+            let id = dir.id(n);
             if healthy(n) && !picked.contains(&id) {
                 picked.push(id);
                 if picked.len() == k {
@@ -185,7 +185,7 @@ impl Swim {
         picked
     }
 
-    fn probe_failed(&mut self, p: Probe) {
+    fn probe_failed(&mut self, dir: &impl Directory, p: Probe) {
         if self.leases.contains_key(&p.target) {
             // Probed for the updates its pings carry, judged by the lease: one lost datagram
             // is no failure while the lease's pings (several before it runs out) go on.
@@ -195,6 +195,6 @@ impl Swim {
         // own processing are slow; without helpers, only the failed probe itself counts.
         let missed = if p.vias.is_empty() { 1 } else { p.vias.len().saturating_sub(p.nacks.len()) };
         self.worse_health(missed);
-        self.suspect_locally(p.target);
+        self.suspect_locally(dir, p.target);
     }
 }

@@ -3,7 +3,7 @@
 //! timeout runs out ([module docs](super), points 3 and 4).
 
 use super::{suspicion_timeout, Action, Event, Member, Rumor, Standing, Swim};
-use crate::id::NodeId;
+use crate::id::{Directory, NodeId};
 use crate::time::Time;
 use core::time::Duration;
 
@@ -41,7 +41,14 @@ impl Swim {
     /// A gossiped suspicion of `id` at `incarnation`, raised by `from`. About this node: it
     /// refutes ([`Action::GossipAlive`]). About a member: starts a suspicion or counts `from` as
     /// an independent confirmation, which shortens it.
-    pub(crate) fn on_suspect_gossip(&mut self, now: Time, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
+    pub(crate) fn on_suspect_gossip(
+        &mut self,
+        dir: &impl Directory,
+        now: Time,
+        id: NodeId,
+        incarnation: u64,
+        from: NodeId,
+    ) -> Rumor {
         self.advance(now);
         if id == self.local {
             if incarnation >= self.incarnation {
@@ -51,14 +58,14 @@ impl Swim {
             }
             return Rumor::Drop;
         }
-        self.raise_suspicion(id, incarnation, from)
+        self.raise_suspicion(dir, id, incarnation, from)
     }
 
     /// A gossiped announcement that `id` is alive at `incarnation`: refutes a suspicion of an
     /// older incarnation.
-    pub(crate) fn on_alive_gossip(&mut self, now: Time, id: NodeId, incarnation: u64) -> Rumor {
+    pub(crate) fn on_alive_gossip(&mut self, dir: &impl Directory, now: Time, id: NodeId, incarnation: u64) -> Rumor {
         self.advance(now);
-        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
+        let Some(m) = self.members.get_mut(dir, &id) else { return Rumor::Drop };
         if m.standing == Standing::Confirmed || incarnation <= m.incarnation() {
             return Rumor::Drop;
         }
@@ -77,24 +84,24 @@ impl Swim {
     }
 
     /// Confirms every suspicion whose deadline has come.
-    pub(super) fn expire_suspicions(&mut self) {
+    pub(super) fn expire_suspicions(&mut self, dir: &impl Directory) {
         while let Some(&(at, id)) = self.suspicions.first() {
             if at > self.now {
                 break;
             }
             self.suspicions.pop_first();
-            self.confirm(id);
+            self.confirm(dir, id);
         }
     }
 
-    pub(super) fn suspect_locally(&mut self, id: NodeId) {
-        let Some(incarnation) = self.members.get(&id).map(Member::incarnation) else { return };
-        if self.raise_suspicion(id, incarnation, self.local) == Rumor::Spread {
+    pub(super) fn suspect_locally(&mut self, dir: &impl Directory, id: NodeId) {
+        let Some(incarnation) = self.members.get(dir, &id).map(Member::incarnation) else { return };
+        if self.raise_suspicion(dir, id, incarnation, self.local) == Rumor::Spread {
             self.actions.push_back(Action::GossipSuspect { id, incarnation });
         }
     }
 
-    fn raise_suspicion(&mut self, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
+    fn raise_suspicion(&mut self, dir: &impl Directory, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
         let now = self.now;
         let n = self.cluster_size();
         let (min, max) = self.config.suspicion_bounds(n);
@@ -102,7 +109,7 @@ impl Swim {
         let k = self.config.suspicion_confirmations;
         let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
         let witness = from == self.local;
-        let Some(m) = self.members.get_mut(&id) else { return Rumor::Drop };
+        let Some(m) = self.members.get_mut(dir, &id) else { return Rumor::Drop };
         if incarnation < m.incarnation() {
             return Rumor::Drop;
         }
@@ -154,8 +161,8 @@ impl Swim {
         }
     }
 
-    fn confirm(&mut self, id: NodeId) {
-        let Some(n) = self.members.number(&id) else { return };
+    fn confirm(&mut self, dir: &impl Directory, id: NodeId) {
+        let Some(n) = self.members.number(dir, &id) else { return };
         let m = self.members.at_mut(n);
         if m.standing != Standing::Suspect {
             return;

@@ -4,7 +4,7 @@
 //! ([module docs](super), after point 5).
 
 use super::{Action, Event, Standing, Swim};
-use crate::id::NodeId;
+use crate::id::{Directory, NodeId};
 use crate::time::Time;
 use core::time::Duration;
 
@@ -19,8 +19,8 @@ impl Swim {
     /// after a third of [`SwimConfig::vouch_lease`](super::SwimConfig::vouch_lease) in silence
     /// and suspects it after a whole lease, so a member killed without closing its connection is
     /// found within the lease.
-    pub(crate) fn set_voucher(&mut self, id: NodeId, voucher: Option<NodeId>) {
-        if !self.members.contains_key(&id) {
+    pub(crate) fn set_voucher(&mut self, dir: &impl Directory, id: NodeId, voucher: Option<NodeId>) {
+        if !self.members.contains_key(dir, &id) {
             return;
         }
         match voucher {
@@ -36,7 +36,7 @@ impl Swim {
         } else {
             self.leases.remove(&id);
         }
-        let Some(m) = self.members.get_mut(&id) else { return };
+        let Some(m) = self.members.get_mut(dir, &id) else { return };
         if voucher.is_some() && m.standing == Standing::Suspect {
             m.standing = Standing::Alive;
             self.lift_suspicion(id);
@@ -47,10 +47,10 @@ impl Swim {
     /// Local evidence that `id` is unreachable (an anchor lost its connection to an outbound-only
     /// member it vouched for): suspects it as a failed probe would, unless another node vouches
     /// for it. Ends this node's lease on `id`.
-    pub(crate) fn suspect(&mut self, now: Time, id: NodeId) {
+    pub(crate) fn suspect(&mut self, dir: &impl Directory, now: Time, id: NodeId) {
         self.advance(now);
         self.leases.remove(&id);
-        self.suspect_locally(id);
+        self.suspect_locally(dir, id);
     }
 
     /// Something arrived from `id` (any message): renews this node's lease on it, if it holds
@@ -69,7 +69,7 @@ impl Swim {
 
     /// Pings every member this node anchors that has been silent for a third of the lease, and
     /// suspects those silent for a whole lease (each once: a suspect is left to its suspicion).
-    pub(super) fn check_leases(&mut self) {
+    pub(super) fn check_leases(&mut self, dir: &impl Directory) {
         let now = self.now;
         if self.leases.is_empty() {
             self.next_lease_check = Time::NEVER;
@@ -80,7 +80,7 @@ impl Swim {
         let mut expired = Vec::new();
         let mut ping = Vec::new();
         for (&id, &heard) in &self.leases {
-            if !self.members.get(&id).is_some_and(|m| m.standing == Standing::Alive) {
+            if !self.members.get(dir, &id).is_some_and(|m| m.standing == Standing::Alive) {
                 continue;
             }
             let silent = now.saturating_since(heard);
@@ -95,7 +95,7 @@ impl Swim {
             self.actions.push_back(Action::SendPing { to, seq });
         }
         for id in expired {
-            self.suspect_locally(id);
+            self.suspect_locally(dir, id);
         }
     }
 }
