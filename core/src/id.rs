@@ -89,7 +89,8 @@ pub(crate) struct Numbered;
 #[cfg(test)]
 impl Directory for Numbered {
     fn number(&self, id: &NodeId) -> Option<u32> {
-        (*id == NodeId::from_u64(id.short())).then(|| u32::try_from(id.short()).ok()).flatten().filter(|&n| n < 1 << 20)
+        let n = u32::try_from(id.short()).ok().filter(|&n| n < 1 << 20)?;
+        (*id == self.id(n)).then_some(n)
     }
 
     fn id(&self, n: u32) -> NodeId {

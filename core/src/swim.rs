@@ -307,15 +307,14 @@ impl Swim {
         if id == self.local {
             return false;
         }
-        if self.members.contains_key(dir, &id) {
-            self.set_probeable(dir, id, probeable);
-            return false;
-        }
         let Some(n) = dir.number(&id) else { return false };
-        let member = Member { incarnation: incarnation.to_le_bytes(), probeable: false, standing: Standing::Alive };
-        self.members.insert(n, member);
-        self.set_probeable(dir, id, probeable);
-        true
+        let new = !self.members.has(n);
+        if new {
+            let member = Member { incarnation: incarnation.to_le_bytes(), probeable: false, standing: Standing::Alive };
+            self.members.insert(n, member);
+        }
+        self.set_probeable_at(n, id, probeable);
+        new
     }
 
     /// Forgets member `id` (its record turned DOWN or LEFT, or a new generation replaced it).
@@ -337,7 +336,13 @@ impl Swim {
     /// Whether `id` can be pinged directly (it is public, or holds a connection to us). Members
     /// that are not are never probed.
     pub(crate) fn set_probeable(&mut self, dir: &impl Directory, id: NodeId, probeable: bool) {
-        let Some(n) = self.members.number(dir, &id) else { return };
+        if let Some(n) = self.members.number(dir, &id) {
+            self.set_probeable_at(n, id, probeable);
+        }
+    }
+
+    /// [`Swim::set_probeable`] for member `id`, numbered `n`.
+    fn set_probeable_at(&mut self, n: u32, id: NodeId, probeable: bool) {
         let m = self.members.at_mut(n);
         let was = m.probeable && m.standing != Standing::Confirmed;
         m.probeable = probeable;

@@ -26,8 +26,12 @@ impl Members {
 
     /// The number of member `id`.
     pub(super) fn number(&self, dir: &impl Directory, id: &NodeId) -> Option<u32> {
-        let n = dir.number(id)?;
-        self.table.get(n as usize)?.as_ref().map(|_| n)
+        dir.number(id).filter(|&n| self.has(n))
+    }
+
+    /// Whether number `n` is a member.
+    pub(super) fn has(&self, n: u32) -> bool {
+        self.table.get(n as usize).is_some_and(Option::is_some)
     }
 
     pub(super) fn contains_key(&self, dir: &impl Directory, id: &NodeId) -> bool {
