@@ -116,7 +116,7 @@ async fn a_batch_for_a_model_nobody_serves_starts_a_short_batch_job_and_complete
 
         let id = create_batch(&base, 4).await;
         let done = wait_final(&base, KEY, &id, Duration::from_secs(90)).await;
-        assert_eq!(done["status"], "completed", "{done:#}\njob output:\n{}", batch.output(100));
+        assert_eq!(done["status"], "completed", "{done:#}\njob output:\n{}", batch.output(batch.first()));
         assert_eq!(done["request_counts"]["completed"], 4, "{done:#}");
         let output = file_lines(&base, KEY, done["output_file_id"].as_str().expect("output file")).await;
         assert_eq!(output.len(), 4);
@@ -124,7 +124,8 @@ async fn a_batch_for_a_model_nobody_serves_starts_a_short_batch_job_and_complete
 
         // One short, backfill-friendly job, marked as a batch job and charged to the key.
         assert_eq!(batch.log().first().map(String::as_str), Some("submit tela-spun"), "{:?}", batch.log());
-        let script = std::fs::read_to_string(dir.path().join("job-100.sh")).expect("the job's script");
+        let script =
+            std::fs::read_to_string(dir.path().join(format!("job-{}.sh", batch.first()))).expect("the job's script");
         assert!(script.contains("--time-min=180s"), "{script}");
         let spin = spin_status(&gateway);
         let job = &spin["jobs"][0];
@@ -135,7 +136,7 @@ async fn a_batch_for_a_model_nobody_serves_starts_a_short_batch_job_and_complete
 
         // The backlog is gone: the node is drained and its job ends.
         let ended = eventually(Duration::from_secs(40), || {
-            batch.log().iter().any(|l| l == "drain 100")
+            batch.log().iter().any(|l| *l == format!("drain {}", batch.first()))
                 && spin_status(&gateway)["jobs"].as_array().is_some_and(Vec::is_empty)
         })
         .await;

@@ -41,8 +41,9 @@ cooldown = "1s"
 const TOKENS: u32 = 200;
 const TOKENS_PER_S: u32 = 40;
 
-/// The gateway's decisions: what it asked of the batch system, as `<kind> <model>`.
-async fn through_the_gateway(dir: &Path) -> Vec<String> {
+/// The gateway's decisions: what it asked of the batch system, as `<kind> <model>`; and the
+/// tail of each job's output, to say why when they differ.
+async fn through_the_gateway(dir: &Path) -> (Vec<String>, String) {
     let anchor = format!("127.0.0.1:{}", free_port());
     let engine = format!(
         "engine = \"{} engine-sim --port {{port}} --model {{model}} --ttft-ms 5 --tokens-per-s {TOKENS_PER_S}\"\nmax_replicas",
@@ -65,7 +66,7 @@ async fn through_the_gateway(dir: &Path) -> Vec<String> {
         .collect();
     for r in requests {
         let r = r.await.expect("request task");
-        assert_eq!(r.status, 200, "{}\nlog {:?}\njob output:\n{}", r.text(), batch.log(), batch.output(100));
+        assert_eq!(r.status, 200, "{}\nlog {:?}\njob output:\n{}", r.text(), batch.log(), batch.output(batch.first()));
     }
     // Demand is gone: both replicas go within scale_down_after (and a decision or two).
     let drained = eventually(Duration::from_secs(40), || {
@@ -77,13 +78,24 @@ async fn through_the_gateway(dir: &Path) -> Vec<String> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = batch.log();
     gateway.shutdown().await;
-    // Job ids are numbered from 100 in submission order; every job here is `spun`'s.
-    log.iter()
+    let submitted = log.iter().filter(|l| l.starts_with("submit ")).count() as u64;
+    let outputs = (batch.first()..batch.first() + submitted)
+        .map(|id| {
+            let out = batch.output(id);
+            let tail: Vec<&str> = out.lines().rev().take(30).collect();
+            format!("--- job {id}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Every job here is `spun`'s.
+    let decisions = log
+        .iter()
         .map(|l| {
             let kind = l.split(' ').next().unwrap_or_default();
             format!("{kind} spun")
         })
-        .collect()
+        .collect();
+    (decisions, outputs)
 }
 
 /// The simulator's decisions for the same tables and trace.
@@ -135,8 +147,8 @@ async fn the_gateway_and_the_simulator_make_the_same_spin_decisions_for_one_trac
     within(120, async {
         let simulated = through_the_simulator();
         let dir = tempfile::tempdir().expect("tempdir");
-        let real = through_the_gateway(dir.path()).await;
-        assert_eq!(real, simulated, "gateway (left) and simulator (right) decided differently");
+        let (real, outputs) = through_the_gateway(dir.path()).await;
+        assert_eq!(real, simulated, "gateway (left) and simulator (right) decided differently\n{outputs}");
         assert_eq!(real, ["submit spun", "submit spun", "drain spun", "drain spun"]);
     })
     .await

@@ -25,15 +25,27 @@ use tela_gateway::spin::SpinSetup;
 /// A batch system on this machine: each job is its batch script run by bash in its own process
 /// group, with `SLURM_JOB_ID` set and an `scontrol` on `PATH` that records the job's comment.
 /// `start_jobs: false` leaves every job pending forever. Job `n`'s script is `job-<n>.sh` in
-/// `dir` (from 100 on). Other files' tests use it too.
+/// `dir`. Other files' tests use it too.
+///
+/// Each instance numbers its jobs from its own block of ids ([`LocalBatch::first`] on): a job's
+/// engine listens on `20000 + id mod 10000` (the job template's rule), so two tests running at
+/// once with the same job ids would start engines on the same ports and take each other's.
 pub(crate) struct LocalBatch {
     dir: PathBuf,
     start_jobs: bool,
+    first: u64,
     next: AtomicU64,
     jobs: Mutex<HashMap<u64, Option<Child>>>,
     /// What was asked of it, in order: `submit <name>`, `cancel <id>`, `drain <id>`.
     log: Mutex<Vec<String>>,
 }
+
+/// The next block of job ids a [`LocalBatch`] takes; far above the ids the real Slurm of the
+/// other tests hands out.
+static NEXT_BLOCK: AtomicU64 = AtomicU64::new(5_000);
+
+/// Job ids each [`LocalBatch`] may use.
+const BLOCK: u64 = 100;
 
 impl LocalBatch {
     pub(crate) fn new(dir: &Path, start_jobs: bool) -> Arc<LocalBatch> {
@@ -48,13 +60,20 @@ impl LocalBatch {
         .expect("scontrol shim");
         let executable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
         std::fs::set_permissions(&scontrol, executable).expect("chmod");
+        let first = NEXT_BLOCK.fetch_add(BLOCK, Ordering::Relaxed);
         Arc::new(LocalBatch {
             dir: dir.to_path_buf(),
             start_jobs,
-            next: AtomicU64::new(100),
+            first,
+            next: AtomicU64::new(first),
             jobs: Mutex::default(),
             log: Mutex::default(),
         })
+    }
+
+    /// The id of the first job submitted to it; the rest follow in submission order.
+    pub(crate) fn first(&self) -> u64 {
+        self.first
     }
 
     pub(crate) fn log(&self) -> Vec<String> {
@@ -271,13 +290,17 @@ async fn a_request_for_a_model_nobody_serves_starts_a_node_and_is_answered() {
             .collect();
         for w in waiting {
             let r = w.await.expect("request task");
-            assert_eq!(r.status, 200, "{}\njob output:\n{}", r.text(), batch.output(100));
+            assert_eq!(r.status, 200, "{}\njob output:\n{}", r.text(), batch.output(batch.first()));
             assert!(r.json()["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()));
         }
         assert_eq!(batch.log(), ["submit tela-spun"], "one job for three waiting requests");
         let spin = spin_status(&gateway);
         let job = &spin["jobs"][0];
-        assert_eq!((job["batch_id"].as_str(), job["state"].as_str()), (Some("100"), Some("RUNNING")), "{spin:#}");
+        assert_eq!(
+            (job["batch_id"].as_str(), job["state"].as_str()),
+            (Some(batch.first().to_string().as_str()), Some("RUNNING")),
+            "{spin:#}"
+        );
         assert!(job["node"].as_str().is_some_and(|n| n.len() == 32), "the job names its node: {spin:#}");
         assert_eq!(spin["models"][0]["supply"], 1, "{spin:#}");
         let metrics = call(&base, "GET", "/metrics", Some(KEY), None).await.text();
@@ -292,10 +315,17 @@ async fn a_request_for_a_model_nobody_serves_starts_a_node_and_is_answered() {
         // Idle for `scale_down_after`: the node is drained, leaves, and its job ends.
         let ended = eventually(Duration::from_secs(40), || {
             let s = spin_status(&gateway);
-            batch.log().iter().any(|l| l == "drain 100") && s["jobs"].as_array().is_some_and(Vec::is_empty)
+            batch.log().iter().any(|l| *l == format!("drain {}", batch.first()))
+                && s["jobs"].as_array().is_some_and(Vec::is_empty)
         })
         .await;
-        assert!(ended, "log {:?}; status {:#}\njob output:\n{}", batch.log(), gateway.status(), batch.output(100));
+        assert!(
+            ended,
+            "log {:?}; status {:#}\njob output:\n{}",
+            batch.log(),
+            gateway.status(),
+            batch.output(batch.first())
+        );
         let node = job["node_short"].as_str().expect("node").to_string();
         let gone = gateway.status()["nodes"]
             .as_array()
