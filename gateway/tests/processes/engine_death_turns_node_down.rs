@@ -103,3 +103,44 @@ fn a_killed_node_takes_its_launched_engine_with_it() {
         }
     });
 }
+
+/// Another process already listens on the engine's port (another job's engine on a shared
+/// host): the node neither launches its engine there nor takes the other engine for its own
+/// (it never serves the other's model), and launches its own once the port is free.
+#[test]
+fn a_port_another_engine_holds_is_not_taken_for_the_launched_one() {
+    run_test(Duration::from_secs(90), async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let anchor = anchor().await;
+        let join = anchor.local_addr().to_string();
+        let port = free_port();
+        let port_arg = port.to_string();
+        let mut other = Proc::tela(
+            "other-engine",
+            &["engine-sim", "--host", "127.0.0.1", "--port", &port_arg, "--model", "others"],
+            &[],
+        );
+        other.wait_line("[stdout] listening on http://", Duration::from_secs(20));
+        let (engine_cmd, backend) = engine_sim_command(port);
+        let files = NodeFiles::new(dir.path(), "node");
+        let id = files.node_id();
+        let args = ["--engine-cmd", engine_cmd.as_str(), "--backend-url", backend.as_str()];
+        let node = node("node", &files, &join, SECRET, &args);
+
+        let line = node.wait_line("not launching the engine", Duration::from_secs(20));
+        assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+        // A relaunch try or two later: still nothing launched, nothing served.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let log = node.log_text();
+        assert!(!log.contains("launched the engine"), "{log}");
+        assert!(!routable(&anchor.runtime().snapshot(), &id), "{}", anchor.runtime().snapshot().to_table());
+
+        other.kill();
+        until(&anchor, "the node serves its own engine once the port is free", Duration::from_secs(40), |s| {
+            routable(s, &id) && s.record(&id).is_some_and(|(r, _)| r.models.contains_name("launched"))
+        })
+        .await;
+        let log = node.log_text();
+        assert!(!log.contains("serving others"), "{log}");
+    });
+}

@@ -140,6 +140,25 @@ impl Backend {
         &self.url
     }
 
+    /// `host:port` of the engine (port 80 when the URL names none).
+    pub fn host_port(&self) -> String {
+        let authority = self.scheme_authority.trim_start_matches("http://");
+        let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| !p.is_empty() && !p.ends_with(']'));
+        if has_port {
+            authority.to_string()
+        } else {
+            format!("{authority}:80")
+        }
+    }
+
+    /// Whether something already accepts connections where the engine listens: before launching
+    /// an engine, that is another process on its port (another job's engine on a shared host),
+    /// which the node must not take for its own.
+    pub async fn is_listened_on(&self) -> bool {
+        let connect = tokio::net::TcpStream::connect(self.host_port());
+        matches!(tokio::time::timeout(Duration::from_secs(1), connect).await, Ok(Ok(_)))
+    }
+
     /// The engine URI for a tunnelled request's path and query.
     pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
         let sep = if path_and_query.starts_with('/') { "" } else { "/" };
@@ -300,6 +319,10 @@ mod tests {
         assert!(matches!(Backend::new("https://127.0.0.1:8000"), Err(BackendUrlError::NotHttp(_))));
         let e = Backend::new("not a url").unwrap_err();
         assert!(e.to_string().contains("http://127.0.0.1:8000"), "{e}");
+        assert_eq!(Backend::new("http://127.0.0.1:8000/v1").expect("valid").host_port(), "127.0.0.1:8000");
+        assert_eq!(Backend::new("http://engine").expect("valid").host_port(), "engine:80");
+        assert_eq!(Backend::new("http://[::1]:9000").expect("valid").host_port(), "[::1]:9000");
+        assert_eq!(Backend::new("http://[::1]").expect("valid").host_port(), "[::1]:80");
     }
 
     #[test]

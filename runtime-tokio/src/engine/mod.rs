@@ -128,6 +128,17 @@ pub async fn supervise(
             () = sleep_until(relaunch_at), if process.is_none() && relaunch_at.is_some() => {
                 relaunch_at = None;
                 if let Some(cmd) = &config.command {
+                    if backend.is_listened_on().await {
+                        // The engine could not listen there, and the probes would reach the
+                        // other process: the node would serve through an engine not its own.
+                        let delay = restarts.next_delay();
+                        tracing::error!(
+                            "not launching the engine: another process already listens on {}, where the engine must listen (another job's engine on this host? give this node's engine a port of its own) — trying again in {delay:?}",
+                            backend.host_port()
+                        );
+                        relaunch_at = Some(Instant::now() + delay);
+                        continue;
+                    }
                     match EngineProcess::spawn(cmd) {
                         Ok(p) => process = Some(p),
                         Err(e) => {
