@@ -78,15 +78,7 @@ async fn through_the_gateway(dir: &Path) -> (Vec<String>, String) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = batch.log();
     gateway.shutdown().await;
-    let submitted = log.iter().filter(|l| l.starts_with("submit ")).count() as u64;
-    let outputs = (batch.first()..batch.first() + submitted)
-        .map(|id| {
-            let out = batch.output(id);
-            let tail: Vec<&str> = out.lines().rev().take(30).collect();
-            format!("--- job {id}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let outputs = batch.outputs(30);
     // Every job here is `spun`'s.
     let decisions = log
         .iter()

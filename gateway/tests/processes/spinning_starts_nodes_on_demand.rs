@@ -84,6 +84,18 @@ impl LocalBatch {
         std::fs::read_to_string(self.dir.join(format!("job-{id}.out"))).unwrap_or_default()
     }
 
+    /// The last `lines` lines of every job's output, each under a `--- job <id>:` heading.
+    pub(crate) fn outputs(&self, lines: usize) -> String {
+        (self.first..self.next.load(Ordering::Relaxed))
+            .map(|id| {
+                let out = self.output(id);
+                let tail: Vec<&str> = out.lines().rev().take(lines).collect();
+                format!("--- job {id}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn kill_group(child: &Child, signal: nix::sys::signal::Signal) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(child.id() as i32), signal);
     }
