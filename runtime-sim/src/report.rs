@@ -170,7 +170,11 @@ impl Report {
                 settled: ms(&t.converged, settled, |c| c.all),
                 apart_from_partitions: ms(&t.converged, clear, |c| c.all),
                 apart_from_partitions_9999: ms(&t.converged, clear, |c| c.most),
-                changes: t.converged.iter().map(|c| (c.t0 as f64 / 1e6, (c.all - c.t0) as f64 / 1e3)).collect(),
+                changes: t
+                    .converged
+                    .iter()
+                    .map(|c| (c.t0 as f64 / 1e6, (c.all - c.t0) as f64 / 1e3, (c.most - c.t0) as f64 / 1e3))
+                    .collect(),
             },
             detection: Detection {
                 all_nodes: Percentiles::of(t.detection_ms.clone()),

@@ -72,7 +72,7 @@ fn a_formed_federation_converges_after_churn_kills_and_a_partition() {
         // Changes that spread while the partition was in force are not held against Serf's
         // bound; the rest are, and reaching 99.99% never takes longer than reaching everyone.
         let (c, apart) = (&r.convergence, &r.convergence.apart_from_partitions);
-        let spanning = c.changes.iter().filter(|&&(t0, ms)| t0 <= 16.0 && t0 + ms / 1e3 >= 10.0).count();
+        let spanning = c.changes.iter().filter(|&&(t0, ms, _)| t0 <= 16.0 && t0 + ms / 1e3 >= 10.0).count();
         assert_eq!(c.changes.len(), c.latency.count, "seed {seed}: {}", r.summary());
         assert_eq!(apart.count + spanning, c.settled.count, "seed {seed}: {}", r.summary());
         spanned += spanning;

@@ -52,8 +52,9 @@ pub struct Convergence {
     /// Serf's bound estimates (at 10,000 nodes, all but one).
     pub apart_from_partitions_9999: Percentiles,
     /// Every change that reached everyone, in the order they did: (when it began, in simulated
-    /// seconds; ms until every node had it), to see convergence by phase of the run.
-    pub changes: Vec<(f64, f64)>,
+    /// seconds; ms until every node had it; ms until 99.99% of them did), to see convergence by
+    /// phase of the run (`runtime-sim/results/phases.py`).
+    pub changes: Vec<(f64, f64, f64)>,
 }
 
 /// Failure detection.
