@@ -493,6 +493,7 @@ impl Swim {
 #[cfg(test)]
 mod tests {
     use super::probe::MAX_RELAYS;
+    use super::suspicion::SUSPECTED_ROOM_KEPT;
     use super::*;
     use crate::id::Numbered;
     use proptest::prelude::*;
@@ -727,6 +728,30 @@ mod tests {
         );
         assert!(!s.is_suspect(&Numbered, &id(1)));
         assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(77), 0, id(3)), Rumor::Drop, "unknown member");
+    }
+
+    #[test]
+    fn a_cut_s_suspicions_give_their_room_back_once_lifted_or_confirmed() {
+        // A partition: every member suspected at once, then half refuted and half run out.
+        let n = 2_000;
+        let mut s = swim(n);
+        for i in 1..=n {
+            assert_eq!(s.on_suspect_gossip(&Numbered, Time::ZERO, id(i), 0, id(n + 1)), Rumor::Spread);
+        }
+        let full = s.suspected.capacity();
+        assert!(full >= n as usize);
+        for i in (1..=n).step_by(2) {
+            assert_eq!(s.on_alive_gossip(&Numbered, Time::ZERO, id(i), 1), Rumor::Spread);
+        }
+        s.on_timeout(&Numbered, Time::from_secs(3600));
+        assert!(s.suspected.is_empty() && s.suspicions.is_empty());
+        assert!((2..=n).step_by(2).all(|i| s.is_confirmed(&Numbered, &id(i))));
+        assert!(
+            s.suspected.capacity() <= SUSPECTED_ROOM_KEPT,
+            "{} of room kept after holding {full}",
+            s.suspected.capacity()
+        );
+        s.check_invariants(&Numbered).expect("deadlines and suspects agree");
     }
 
     #[test]
