@@ -19,10 +19,12 @@
 //!   send count): a [`RecordUpdate`] is announced by version once pushed whole a few times.
 //!
 //! Every operation is `O(log m)` for `m` queued items: each item is stored once in a slab, the
-//! send order is a B-tree map from `(sends, newest first)` to slab numbers, and a hash index
-//! of slab numbers finds an item by key (reading the key from the slab). A queue that empties
-//! gives its room back. The logarithm is computed
-//! in fixed point, so the limit is the same on every platform and replays bit for bit.
+//! send order is a B-tree map from `(sends, newest first)`, packed into one `u64`, to slab
+//! numbers, and a hash index of slab numbers finds an item by key (reading the key from the
+//! slab). A queue that empties gives its room back. After a heal at 10,000 nodes every node's
+//! queue holds thousands of items, so an item's bytes are the simulator's memory: a record
+//! item is two shared handles and a few counters (40 bytes in the slab). The logarithm is
+//! computed in fixed point, so the limit is the same on every platform and replays bit for bit.
 //!
 //! # How the node drives it
 //!
@@ -35,9 +37,8 @@
 //! exactly this.
 
 use crate::id::{IdIndex, NodeId};
+use crate::intern::Encoding;
 use crate::record::SharedRecord;
-use bytes::Bytes;
-use core::cmp::Reverse;
 use std::collections::BTreeMap;
 
 /// Something the [`BroadcastQueue`] can carry.
@@ -60,7 +61,7 @@ pub(crate) trait Update {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RecordUpdate {
     record: SharedRecord,
-    encoded: Bytes,
+    encoded: Encoding,
     eager: u32,
     announce_len: u8,
 }
@@ -69,14 +70,14 @@ impl RecordUpdate {
     #[cfg(test)]
     /// Encodes `record` once for all the datagrams it will ride on, always sent whole.
     pub(crate) fn new(record: SharedRecord) -> Result<RecordUpdate, postcard::Error> {
-        let encoded = Bytes::from(postcard::to_allocvec(&*record)?);
+        let encoded = Encoding::from(postcard::to_allocvec(&*record)?);
         Ok(RecordUpdate::with_encoding(record, encoded, u32::MAX))
     }
 
     /// `record` with the bytes it takes in a datagram already made, when the datagram frames
     /// it differently from a bare record (the membership's piggyback items carry a variant index),
     /// sent whole `eager` times and announced after that.
-    pub(crate) fn with_encoding(record: SharedRecord, encoded: Bytes, eager: u32) -> RecordUpdate {
+    pub(crate) fn with_encoding(record: SharedRecord, encoded: Encoding, eager: u32) -> RecordUpdate {
         let len = postcard::experimental::serialized_size(&crate::wire::Piggyback::Have {
             id: record.id,
             version: record.version(),
@@ -103,7 +104,7 @@ impl RecordUpdate {
     }
 
     /// The bytes the record takes on the wire.
-    pub(crate) fn encoded(&self) -> &Bytes {
+    pub(crate) fn encoded(&self) -> &[u8] {
         &self.encoded
     }
 }
@@ -141,12 +142,29 @@ pub(crate) enum Queued {
 struct Entry<T> {
     item: T,
     sends: u32,
-    seq: u64,
+    /// Order of arrival among the queued items (numbered afresh whenever the queue empties).
+    seq: u32,
+}
+
+impl<T> Entry<T> {
+    fn rank(&self) -> Rank {
+        rank(self.sends, self.seq)
+    }
 }
 
 /// Position in the send order: fewest sends first, then newest first. Sequence numbers are
-/// unique among queued items, so a rank names one item.
-type Rank = (u32, Reverse<u64>);
+/// unique among queued items, so a rank names one item. The send count is the high half and
+/// the sequence number, inverted, the low half, so that ranks sort in send order.
+type Rank = u64;
+
+fn rank(sends: u32, seq: u32) -> Rank {
+    (u64::from(sends) << 32) | u64::from(u32::MAX - seq)
+}
+
+/// The send count of an item at `rank`.
+fn sends_at(rank: Rank) -> u32 {
+    (rank >> 32) as u32
+}
 
 /// After this many queued items in a row did not fit, [`BroadcastQueue::fill`] stops looking:
 /// the datagram is as good as full and scanning the whole queue would cost `O(m)`.
@@ -163,7 +181,7 @@ pub(crate) struct BroadcastQueue<T> {
     /// limit) instead of per doubling.
     decades: bool,
     capacity: usize,
-    next_seq: u64,
+    next_seq: u32,
     /// The queued items; `None` where `free` lists a hole.
     slab: Vec<Option<Entry<T>>>,
     free: Vec<u32>,
@@ -225,15 +243,20 @@ impl<T: Update> BroadcastQueue<T> {
     /// one covers it. When the queue is full the most-sent item is evicted to make room.
     pub(crate) fn push(&mut self, item: T) -> Queued {
         let key = item.key();
+        if self.index.len() == 0 {
+            self.next_seq = 0;
+        } else if self.next_seq == u32::MAX {
+            self.renumber();
+        }
         let seq = self.next_seq;
         if let Some(at) = self.position(&key) {
             let Some(e) = self.slab[at as usize].as_mut() else { return Queued::Stale };
             if e.item.covers(&item) {
                 return Queued::Stale;
             }
-            self.order.remove(&(e.sends, Reverse(e.seq)));
+            self.order.remove(&e.rank());
             *e = Entry { item, sends: 0, seq };
-            self.order.insert((0, Reverse(seq)), at);
+            self.order.insert(rank(0, seq), at);
             self.next_seq += 1;
             return Queued::Replaced;
         }
@@ -246,9 +269,25 @@ impl<T: Update> BroadcastQueue<T> {
         let at = crate::slab_insert(&mut self.slab, &mut self.free, Entry { item, sends: 0, seq });
         let slab = &self.slab;
         self.index.insert(key, at, |n| key_in(slab, n));
-        self.order.insert((0, Reverse(seq)), at);
+        self.order.insert(rank(0, seq), at);
         self.next_seq += 1;
         Queued::Added
+    }
+
+    /// Numbers the queued items `0..m` in their order of arrival, once `u32::MAX` pushes came
+    /// without the queue ever emptying: the send order stays exactly as it was.
+    fn renumber(&mut self) {
+        let mut queued: Vec<(u32, u32)> =
+            self.order.values().filter_map(|&at| Some((self.slab[at as usize].as_ref()?.seq, at))).collect();
+        queued.sort_unstable();
+        self.order.clear();
+        for (seq, (_, at)) in (0u32..).zip(queued) {
+            if let Some(e) = self.slab[at as usize].as_mut() {
+                e.seq = seq;
+                self.order.insert(e.rank(), at);
+            }
+            self.next_seq = seq + 1;
+        }
     }
 
     /// Picks updates to piggyback into `budget` free bytes of a datagram, fewest-sent first and
@@ -261,8 +300,8 @@ impl<T: Update> BroadcastQueue<T> {
     /// are dropped without being sent.
     pub(crate) fn fill(&mut self, budget: usize, cluster_size: usize, mut take: impl FnMut(&T, u32)) -> usize {
         let limit = self.transmit_limit(cluster_size);
-        while let Some((&(sends, _), &at)) = self.order.last_key_value() {
-            if sends < limit {
+        while let Some((&last, &at)) = self.order.last_key_value() {
+            if sends_at(last) < limit {
                 break;
             }
             self.order.pop_last();
@@ -286,14 +325,14 @@ impl<T: Update> BroadcastQueue<T> {
             take(&e.item, e.sends);
             picked.push((*rank, at));
         }
-        for ((sends, seq), at) in picked {
-            self.order.remove(&(sends, seq));
-            let sends = sends.saturating_add(1);
+        for (was, at) in picked {
+            self.order.remove(&was);
+            let sends = sends_at(was).saturating_add(1);
             if sends >= limit {
                 self.vacate(at);
             } else if let Some(e) = self.slab[at as usize].as_mut() {
                 e.sends = sends;
-                self.order.insert((sends, seq), at);
+                self.order.insert(e.rank(), at);
             }
         }
         self.release_if_empty();
@@ -304,7 +343,7 @@ impl<T: Update> BroadcastQueue<T> {
     pub(crate) fn remove(&mut self, key: &NodeId) -> Option<T> {
         let at = self.position(key)?;
         let e = self.vacate(at)?;
-        self.order.remove(&(e.sends, Reverse(e.seq)));
+        self.order.remove(&e.rank());
         self.release_if_empty();
         Some(e.item)
     }
@@ -408,11 +447,11 @@ mod tests {
     use super::*;
 
     impl<T: Update> BroadcastQueue<T> {
-        /// The send order as `(sends, newest first, key)`.
-        fn ranks(&self) -> Vec<(u32, Reverse<u64>, NodeId)> {
+        /// The send order as `(sends, key)`.
+        fn ranks(&self) -> Vec<(u32, NodeId)> {
             self.order
                 .iter()
-                .map(|(&(sends, seq), &at)| (sends, seq, key_in(&self.slab, at).expect("a ranked item is queued")))
+                .map(|(&rank, &at)| (sends_at(rank), key_in(&self.slab, at).expect("a ranked item is queued")))
                 .collect()
         }
     }
@@ -538,6 +577,31 @@ mod tests {
     }
 
     #[test]
+    fn sequence_numbers_start_afresh_or_are_renumbered_without_moving_the_order() {
+        let mut q = BroadcastQueue::new(4.0, 100);
+        q.push(up(1, 0, 10));
+        fill_all(&mut q, 100, 10_000);
+        q.next_seq = u32::MAX - 2;
+        for k in 2..=6 {
+            q.push(up(k, 0, 10));
+            if k == 4 {
+                fill_all(&mut q, 10, 10_000); // 4, sent once
+            }
+        }
+        assert!(q.next_seq < 10, "renumbered: {}", q.next_seq);
+        // Unsent newest first (6, 5, 3, 2), then those sent once, newest first (4, 1).
+        let keys = |q: &BroadcastQueue<Up>| q.ranks().iter().map(|r| r.1).collect::<Vec<_>>();
+        assert_eq!(keys(&q), [6, 5, 3, 2, 4, 1].map(NodeId::from_u64));
+        assert_eq!(q.push(up(2, 1, 10)), Queued::Replaced);
+        assert_eq!(keys(&q), [2, 6, 5, 3, 4, 1].map(NodeId::from_u64));
+        while !q.is_empty() {
+            fill_all(&mut q, 1_000, 1);
+        }
+        q.push(up(9, 0, 10));
+        assert_eq!(q.next_seq, 1, "an emptied queue numbers from 0 again");
+    }
+
+    #[test]
     fn items_that_do_not_fit_are_skipped_for_smaller_ones() {
         let mut q = BroadcastQueue::new(4.0, 10);
         q.push(up(1, 0, 5));
@@ -594,7 +658,7 @@ mod tests {
         assert_eq!(postcard::from_bytes::<Record>(a.encoded()).unwrap(), r);
         assert_eq!(a.encoded_len(0), a.encoded().len());
         assert!(a.is_eager(1_000_000), "RecordUpdate::new always sends the whole record");
-        let lazy = RecordUpdate::with_encoding(a.record().clone(), a.encoded().clone(), 2);
+        let lazy = RecordUpdate::with_encoding(a.record().clone(), Encoding::from(a.encoded()), 2);
         assert!(lazy.is_eager(1) && !lazy.is_eager(2));
         assert_eq!(lazy.encoded_len(1), a.encoded().len());
         let announced = crate::wire::encode_piggyback(&lazy.announcement());
@@ -653,7 +717,7 @@ mod tests {
                     Op::Fill(budget, n) => {
                         let limit = q.transmit_limit(n);
                         // The send order before the call, minus what is over the limit.
-                        let ranked: Vec<(u32, Reverse<u64>, NodeId)> = q.ranks().into_iter()
+                        let ranked: Vec<(u32, NodeId)> = q.ranks().into_iter()
                             .filter(|r| r.0 < limit).collect();
                         let out = fill_all(&mut q, budget, n);
                         let total: usize = out.iter().map(|u| u.len).sum();
@@ -668,17 +732,17 @@ mod tests {
                         // one did not fit what was left when its turn came.
                         let picked: Vec<NodeId> = out.iter().map(|u| u.key()).collect();
                         let order_of_picks: Vec<NodeId> =
-                            ranked.iter().map(|r| r.2).filter(|k| picked.contains(k)).collect();
+                            ranked.iter().map(|r| r.1).filter(|k| picked.contains(k)).collect();
                         prop_assert_eq!(&order_of_picks, &picked, "picked out of order");
                         if let Some(last) = picked.last() {
                             let mut left = budget;
                             for r in &ranked {
-                                if r.2 == *last { break; }
-                                let len = out.iter().find(|u| u.key() == r.2).map(|u| u.len);
+                                if r.1 == *last { break; }
+                                let len = out.iter().find(|u| u.key() == r.1).map(|u| u.len);
                                 match len {
                                     Some(l) => left -= l,
                                     None => {
-                                        let skipped = q.get(&r.2).map_or(0, |u| u.len);
+                                        let skipped = q.get(&r.1).map_or(0, |u| u.len);
                                         prop_assert!(skipped > left, "a fitting item was passed over");
                                     }
                                 }
@@ -693,7 +757,7 @@ mod tests {
                 prop_assert!(q.len() <= capacity);
                 prop_assert_eq!(q.len(), q.order.len());
                 prop_assert_eq!(q.len() + q.free.len(), q.slab.len());
-                for (_, _, key) in q.ranks() {
+                for (_, key) in q.ranks() {
                     prop_assert!(q.get(&key).is_some(), "ranked item not found by its key");
                 }
             }

@@ -1,9 +1,13 @@
 //! Where the records a node merges from its peers are kept ([`Intern`], [`Interner`]).
 
 use crate::record::{Record, SharedRecord};
-use bytes::Bytes;
 use core::fmt;
 use std::sync::Arc;
+
+/// A record's gossip encoding, shared by every queue (and, with a pool, every node) that
+/// sends it: one pointer and a length, half the size of a [`bytes::Bytes`] handle, as a full
+/// gossip queue holds thousands of them.
+pub type Encoding = Arc<[u8]>;
 
 /// A pool of shared records.
 ///
@@ -19,7 +23,7 @@ pub trait Intern: Send + Sync + fmt::Debug {
 
     /// The gossip encoding of `record`: one the pool holds for an equal record, or
     /// `encode(record)`, which the pool may keep.
-    fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Bytes>) -> Option<Bytes>;
+    fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Encoding>) -> Option<Encoding>;
 }
 
 /// The pool a node uses: none (each record its own allocation, the default), or a shared one.
@@ -41,7 +45,7 @@ impl Interner {
     }
 
     /// The gossip encoding of `record`, made by `encode` unless the pool holds one.
-    pub fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Bytes>) -> Option<Bytes> {
+    pub fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Encoding>) -> Option<Encoding> {
         match &self.0 {
             Some(pool) => pool.encoding(record, encode),
             None => encode(record),
@@ -84,7 +88,7 @@ mod tests {
         let b = interner.record(r.clone());
         assert_eq!((*a == r, *b == r), (true, true));
         assert!(!Arc::ptr_eq(&a, &b));
-        let encoded = interner.encoding(&a, &|r: &Record| Some(Bytes::from(vec![r.generation as u8])));
+        let encoded = interner.encoding(&a, &|r: &Record| Some(Encoding::from(vec![r.generation as u8])));
         assert_eq!(encoded.as_deref(), Some(&[1u8][..]));
         assert_eq!(interner, Interner::default());
     }

@@ -137,7 +137,7 @@ pub use auth::{DownMark, Forgery, Identity, MarkedDown, PublicKey, Seal, Signatu
 pub use hardware::{FabricId, GpuModel, Hardware, Interconnect, ProfileError};
 pub use heap::HeapBytes;
 pub use id::NodeId;
-pub use intern::{Intern, Interner};
+pub use intern::{Encoding, Intern, Interner};
 pub use membership::MembershipSettings;
 pub use node::{Command, Config, ConfigError, Event, Input, Node, Output, Stats, Transmit};
 pub use record::{

@@ -104,12 +104,12 @@
 use crate::answers::Answers;
 use crate::broadcast::{BroadcastQueue, RecordUpdate};
 use crate::id::NodeId;
+use crate::intern::Encoding;
 use crate::node::Node;
 use crate::record::{Lifecycle, Reachability, Record, SharedRecord};
 use crate::swim::{Rumor, Swim, SwimConfig};
 use crate::time::Time;
 use crate::timer::Timer;
-use bytes::Bytes;
 use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
@@ -286,13 +286,13 @@ impl Node {
 
     /// `record` encoded as a [`Piggyback::Record`](crate::wire::Piggyback::Record), shared with every node that holds the same
     /// record where the interner pools them.
-    pub(crate) fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Bytes> {
+    pub(crate) fn piggyback_encoding(&self, record: &SharedRecord) -> Option<Encoding> {
         let encode = |record: &Record| {
             let body = postcard::to_allocvec(record).ok()?;
             let mut encoded = Vec::with_capacity(1 + body.len());
             encoded.push(0); // `Piggyback::Record`'s variant index
             encoded.extend_from_slice(&body);
-            Some(Bytes::from(encoded))
+            Some(Encoding::from(encoded))
         };
         self.config.interner.encoding(record, &encode)
     }

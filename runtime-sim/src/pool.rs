@@ -3,11 +3,10 @@
 //! 1,000 replicas holds its own decoded copy of each of 1,000 records; the pool changes no
 //! node's behaviour (a node is only ever handed a record equal to the one it decoded).
 
-use bytes::Bytes;
 use foldhash::fast::FixedState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tela_core::{Intern, Interner, Record, SharedRecord};
+use tela_core::{Encoding, Intern, Interner, Record, SharedRecord};
 
 /// The pool shared by the simulated nodes of this thread.
 pub(crate) fn shared_interner() -> Interner {
@@ -35,7 +34,7 @@ struct Pool {
 #[derive(Debug, Default)]
 struct Records {
     /// Each distinct record once, with its gossip encoding once a node has queued it.
-    held: HashMap<SharedRecord, Option<Bytes>, FixedState>,
+    held: HashMap<SharedRecord, Option<Encoding>, FixedState>,
     sweep_at: usize,
 }
 
@@ -68,7 +67,7 @@ impl Intern for Pool {
         shared
     }
 
-    fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Bytes>) -> Option<Bytes> {
+    fn encoding(&self, record: &SharedRecord, encode: &dyn Fn(&Record) -> Option<Encoding>) -> Option<Encoding> {
         let mut records = self.lock();
         match records.held.get_mut(record) {
             Some(Some(bytes)) => Some(bytes.clone()),
@@ -106,7 +105,7 @@ mod tests {
         let calls = std::cell::Cell::new(0);
         let encode = |r: &Record| {
             calls.set(calls.get() + 1);
-            Some(Bytes::from(vec![r.heartbeat as u8]))
+            Some(Encoding::from(vec![r.heartbeat as u8]))
         };
         assert_eq!(pool.encoding(&a, &encode).as_deref(), Some(&[1u8][..]));
         assert_eq!(pool.encoding(&b, &encode).as_deref(), Some(&[1u8][..]));
