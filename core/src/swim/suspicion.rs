@@ -16,14 +16,20 @@ pub(super) const SUSPECTED_ROOM_KEPT: usize = 64;
 #[derive(Clone, Debug)]
 pub(super) struct Suspicion {
     started: Time,
-    min: Duration,
-    max: Duration,
+    /// Lifeguard's bounds for the cluster size when it began, in microseconds (what
+    /// [`SwimConfig::suspicion_bounds`](super::SwimConfig::suspicion_bounds) gives, exactly):
+    /// half the bytes of two `Duration`s, for the millions of suspicions a cut raises.
+    min_micros: u64,
+    max_micros: u64,
     expected: u32,
     /// The first suspecter, then each independent confirmer (at most `expected` of them).
     pub(super) suspecters: Vec<NodeId>,
     /// This node's own probe (or lease) of the member failed too.
     witnessed: bool,
 }
+
+// A cut at 10,000 nodes holds 22 million of these: keep them from growing unnoticed.
+const _: () = assert!(core::mem::size_of::<Suspicion>() <= 56);
 
 impl Suspicion {
     /// When the suspicion runs out here. A witness waits Lifeguard's timeout, shortened by the
@@ -32,11 +38,12 @@ impl Suspicion {
     /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
     /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
     pub(super) fn deadline(&self) -> Time {
+        let (min, max) = (Duration::from_micros(self.min_micros), Duration::from_micros(self.max_micros));
         if !self.witnessed {
-            return self.started + self.max;
+            return self.started + max;
         }
         let confirmations = u32::try_from(self.suspecters.len() - 1).unwrap_or(u32::MAX);
-        self.started + suspicion_timeout(self.min, self.max, confirmations, self.expected)
+        self.started + suspicion_timeout(min, max, confirmations, self.expected)
     }
 }
 
@@ -147,8 +154,15 @@ impl Swim {
             }
             Standing::Alive => {
                 m.standing = Standing::Suspect;
-                let suspicion =
-                    Suspicion { started: now, min, max, expected, suspecters: vec![from], witnessed: witness };
+                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                let suspicion = Suspicion {
+                    started: now,
+                    min_micros: micros(min),
+                    max_micros: micros(max),
+                    expected,
+                    suspecters: vec![from],
+                    witnessed: witness,
+                };
                 self.suspicions.insert((suspicion.deadline(), id));
                 self.suspected.insert(id, suspicion);
                 self.events.push_back(Event::Suspect(id));
