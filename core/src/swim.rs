@@ -493,7 +493,6 @@ impl Swim {
 #[cfg(test)]
 mod tests {
     use super::probe::MAX_RELAYS;
-    use super::suspicion::SUSPECTED_ROOM_KEPT;
     use super::*;
     use crate::id::Numbered;
     use proptest::prelude::*;
@@ -747,7 +746,7 @@ mod tests {
         assert!(s.suspected.is_empty() && s.suspicions.is_empty());
         assert!((2..=n).step_by(2).all(|i| s.is_confirmed(&Numbered, &id(i))));
         assert!(
-            s.suspected.capacity() <= SUSPECTED_ROOM_KEPT,
+            s.suspected.capacity() <= crate::heap::ROOM_KEPT,
             "{} of room kept after holding {full}",
             s.suspected.capacity()
         );

@@ -106,6 +106,8 @@ impl Node {
             asks.push((next, *id));
             true
         });
+        // The table iterates in no order anything sent depends on (asks are sorted below).
+        crate::heap::give_back_room(&mut st.fetching);
         // Sent in id order, not the table's.
         asks.sort_unstable();
         let limit = self.config.max_datagram;

@@ -7,9 +7,6 @@ use crate::id::{Directory, NodeId};
 use crate::time::Time;
 use core::time::Duration;
 
-/// Room for this many suspicions stays with [`Swim::suspected`] however few are left.
-pub(super) const SUSPECTED_ROOM_KEPT: usize = 64;
-
 /// A running suspicion. Its deadline is computed from the fields ([`Suspicion::deadline`]) and
 /// keys [`Swim::suspicions`], so the fields change only between taking the key out and putting
 /// it back.
@@ -179,19 +176,12 @@ impl Swim {
     }
 
     /// Takes the suspicion of `id` out of [`Swim::suspected`] (not out of the deadlines), and
-    /// gives back the room of a table that has emptied to a quarter of what it can hold.
-    ///
-    /// A partition makes every node suspect every member across it at once (at 10,000 nodes
-    /// cut 8,750 to 1,250, 22 million suspicions), and a hash table keeps the room of its
-    /// largest size for good: without this, each node would carry the cut's table through the
-    /// heal, when its gossip queues are fullest. Halving on each quarter is amortized `O(1)` a
-    /// removal, and only deadlines order suspicions, so nothing observable changes.
+    /// gives back the room a cut made ([`crate::heap::give_back_room`]): a partition makes
+    /// every node suspect every member across it at once (at 10,000 nodes cut 8,750 to 1,250,
+    /// 22 million suspicions). Only deadlines order suspicions, so nothing observable changes.
     fn forget_suspicion(&mut self, id: &NodeId) -> Option<Suspicion> {
         let s = self.suspected.remove(id)?;
-        let room = self.suspected.capacity();
-        if room > SUSPECTED_ROOM_KEPT && self.suspected.len() <= room / 4 {
-            self.suspected.shrink_to(self.suspected.len() * 2);
-        }
+        crate::heap::give_back_room(&mut self.suspected);
         Some(s)
     }
 
