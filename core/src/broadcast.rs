@@ -281,12 +281,13 @@ impl<T: Update> BroadcastQueue<T> {
             self.order.values().filter_map(|&at| Some((self.slab[at as usize].as_ref()?.seq, at))).collect();
         queued.sort_unstable();
         self.order.clear();
-        for (seq, (_, at)) in (0u32..).zip(queued) {
+        self.next_seq = 0;
+        for (_, at) in queued {
             if let Some(e) = self.slab[at as usize].as_mut() {
-                e.seq = seq;
+                e.seq = self.next_seq;
                 self.order.insert(e.rank(), at);
+                self.next_seq += 1;
             }
-            self.next_seq = seq + 1;
         }
     }
 

@@ -106,9 +106,8 @@ impl Node {
             asks.push((next, *id));
             true
         });
-        // The table iterates in no order anything sent depends on (asks are sorted below).
         crate::heap::give_back_room(&mut st.fetching);
-        // Sent in id order, not the table's.
+        // Sent in id order, not the table's (whose order also changes when it gives room back).
         asks.sort_unstable();
         let limit = self.config.max_datagram;
         for group in asks.chunk_by(|a, b| a.0 == b.0) {
