@@ -628,64 +628,6 @@ mod tests {
     }
 
     #[test]
-    fn suspicions_from_members_in_doubt_are_ignored_and_mutual_doubt_withdraws_a_nodes_own() {
-        let (mut node, five) = node_with_peers(4);
-        let [me, five, eight, nine] = [node.config.id, five.id, NodeId::from_u64(8), NodeId::from_u64(9)];
-        // `sender` gossips suspicions of `(suspect, raised by)` at each member's current version.
-        let tell = |node: &mut Node, at: Time, sender: u64, of: &[(NodeId, NodeId)]| {
-            let items = of
-                .iter()
-                .map(|&(id, from)| {
-                    let (generation, heartbeat) = if id == node.config.id {
-                        (node.replica.local().generation, node.replica.local().heartbeat)
-                    } else {
-                        (1, 1)
-                    };
-                    Piggyback::Suspect { id, generation, heartbeat, from }
-                })
-                .collect();
-            gossip(node, at, sender, items);
-        };
-        let own_heartbeat = |node: &Node| node.replica.local().heartbeat;
-        let t = Time::from_secs(1);
-        // Node 9 tells of its suspicion of node 8: taken in.
-        tell(&mut node, t, 9, &[(eight, nine)]);
-        assert!(node.membership.is_suspect(&eight));
-        // What node 8, suspected here, raises or passes on is not: neither its suspicion of
-        // node 5 nor node 9's of node 5 that it relays.
-        tell(&mut node, t, 8, &[(five, eight), (five, nine)]);
-        assert!(!node.membership.is_suspect(&five));
-        // A suspicion of this node that members not in doubt raised and passed on is refuted,
-        // and this node, holding one member in three in doubt, keeps its suspicions.
-        let before = own_heartbeat(&node);
-        tell(&mut node, t, 9, &[(me, five)]);
-        assert!(own_heartbeat(&node) > before);
-        assert!(node.membership.is_suspect(&eight));
-        // Node 8's suspicion of this node, passed on by node 9: the doubt is mutual, so the cut
-        // between them has healed. No refutation; this node withdraws its suspicion of node 8.
-        let before = own_heartbeat(&node);
-        tell(&mut node, t, 9, &[(me, eight)]);
-        assert_eq!(own_heartbeat(&node), before, "a suspecter held in doubt is not answered");
-        assert!(!node.membership.is_suspect(&eight));
-        assert_eq!(node.stats().suspicions_withdrawn, 1);
-        assert_eq!(node.membership.queued().1, 0, "withdrawn suspicions are not gossiped on");
-        assert!(node.replica.get(&eight).is_some_and(|s| s.is_alive()), "routable again");
-        // Suspicions are taken in again as ever: node 9's of node 8, and of node 5.
-        tell(&mut node, t, 9, &[(eight, nine), (five, nine)]);
-        assert!(node.membership.is_suspect(&eight) && node.membership.is_suspect(&five));
-
-        // Nodes 5 and 8 in doubt: two members of three, this node is cut off. It refutes
-        // whoever suspects it, then withdraws its suspicions.
-        assert_eq!(node.membership.queued().1, 2);
-        let before = own_heartbeat(&node);
-        tell(&mut node, t, 8, &[(me, eight)]);
-        assert!(own_heartbeat(&node) > before, "a node cut off refutes whoever tells it");
-        assert!(!node.membership.is_suspect(&eight) && !node.membership.is_suspect(&five));
-        assert_eq!(node.stats().suspicions_withdrawn, 3);
-        assert_eq!(node.membership.queued().1, 0);
-    }
-
-    #[test]
     fn answers_beyond_a_rounds_budget_wait_for_the_next_round_one_datagram_a_peer() {
         let (mut node, five) = node_with_peers(4);
         let per_round = 3;

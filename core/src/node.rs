@@ -141,9 +141,6 @@ pub struct Stats {
     pub suspicions_raised: u64,
     /// suspicions of this node it refuted by raising its heartbeat.
     pub suspicions_refuted: u64,
-    /// suspicions this node withdrew when it found it had been cut off (it refuted one of
-    /// itself while suspecting most members).
-    pub suspicions_withdrawn: u64,
     /// nodes this node's detector confirmed failed and marked DOWN.
     pub confirmed_down: u64,
     /// Anti-entropy exchanges this node started.

@@ -68,7 +68,7 @@ impl Node {
             match item {
                 Piggyback::Record(r) => self.absorb(r),
                 Piggyback::Suspect { id, generation, heartbeat, from: suspecter } => {
-                    if let Some(newer) = self.on_suspicion(from, id, generation, heartbeat, suspecter) {
+                    if let Some(newer) = self.on_suspicion(id, generation, heartbeat, suspecter) {
                         corrections.push(newer);
                     }
                 }

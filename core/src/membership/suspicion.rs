@@ -62,76 +62,20 @@ impl Update for QueuedSuspicion {
 }
 
 impl Node {
-    /// Whether this node holds `id` in doubt: suspected here, or DOWN in its current generation.
-    pub(super) fn doubts(&self, id: &NodeId) -> bool {
-        self.membership.suspects.contains(id) || self.replica.down_ids().contains(id)
-    }
-
-    /// Whether this node holds most of the federation in doubt (suspected, or DOWN in their
-    /// current generation): it is cut off from the rest (or the rest failed), and what it
-    /// suspects says more about where it stands than about them.
-    pub(super) fn cut_off(&self) -> bool {
-        let down = self.replica.down_ids().len();
-        // Members DOWN here are no longer the detector's.
-        let members = self.membership.detector.cluster_size() - 1 + down;
-        members > 0 && 2 * (self.membership.suspects.len() + down) >= members
-    }
-
-    /// This node refuted a suspicion or a DOWN mark of itself. If it holds most members in doubt,
-    /// the federation suspected it because it was cut off, and its own suspicions date from the
-    /// cut: it withdraws them instead of making every member across the cut refute them.
-    pub(crate) fn refuted(&mut self) {
-        if self.cut_off() {
-            self.withdraw_suspicions();
-        }
-    }
-
-    /// Withdraws every suspicion this node holds, queued ones included
-    /// ([`Swim::withdraw_suspicions`](crate::swim::Swim::withdraw_suspicions)). For a node that
-    /// found its suspicions date from a cut that has healed.
-    fn withdraw_suspicions(&mut self) {
-        if self.membership.suspects.is_empty() {
-            return;
-        }
-        self.stats.suspicions_withdrawn += self.membership.suspects.len() as u64;
-        let now = self.now;
-        let st = &mut self.membership;
-        st.detector.withdraw_suspicions(&self.replica, now);
-        st.suspicions.clear();
-    }
-
-    /// A suspicion of `id` at `(generation, heartbeat)` raised by `from`, piggybacked by
-    /// `sender`. Returns the record that answers it when the suspicion is stale here (we hold, or
-    /// are, a later version): the sender has missed a refutation, and telling it directly is
-    /// cheaper than letting its suspicion run out.
-    ///
-    /// A suspicion that a node held in doubt here raised or passed on is not taken in: that node
-    /// is likely cut off from us, and so from whomever it suspects (after a partition heals, each
-    /// side holds the other in doubt and gossips suspicions of all of it).
-    ///
-    /// When such a suspicion names this node, the doubt is mutual, which a failure never makes
-    /// (a failed node suspects no one): the two were cut off from each other, and the cut has
-    /// healed, since the suspicion got through. This node withdraws its own suspicions, which
-    /// date from the cut, and does not refute (the suspecter does the same when it hears of a
-    /// suspicion of itself from this side) — unless this node holds most members in doubt: then
-    /// it is the one that was cut off, the rest of the federation may well suspect it, and it
-    /// refutes, then withdraws ([`Node::refuted`]).
+    /// A piggybacked suspicion of `id` at `(generation, heartbeat)` raised by `from`. Returns the
+    /// record that answers it when the suspicion is stale here (we hold, or are, a later version):
+    /// the sender has missed a refutation, and telling it directly is cheaper than letting its
+    /// suspicion run out.
     pub(super) fn on_suspicion(
         &mut self,
-        sender: NodeId,
         id: NodeId,
         generation: u64,
         heartbeat: u64,
         from: NodeId,
     ) -> Option<SharedRecord> {
-        let in_doubt = self.doubts(&sender) || self.doubts(&from);
         if id == self.config.id {
             let own = self.replica.local().clone();
             if own.state == Lifecycle::Left {
-                return None;
-            }
-            if in_doubt && !self.cut_off() {
-                self.withdraw_suspicions();
                 return None;
             }
             // A suspicion of a generation above ours names a record nobody can hold unless
@@ -142,12 +86,8 @@ impl Node {
                 self.stats.suspicions_refuted += 1;
                 self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
                 self.membership.detector.note_refuted();
-                self.refuted();
             }
             return Some(self.replica.local().clone());
-        }
-        if in_doubt {
-            return None;
         }
         let held = self.replica.get(&id).map(|s| s.record().clone())?;
         if (held.generation, held.heartbeat) > (generation, heartbeat) {
