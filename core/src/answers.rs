@@ -205,7 +205,6 @@ impl Node {
         if record.state >= Lifecycle::Down || !self.reachable(record) {
             return None;
         }
-        let heartbeat = self.membership.detector.member_incarnation(&self.replica, &id)?;
-        Some(Piggyback::Suspect { id, generation: record.generation, heartbeat, from: self.config.id })
+        self.own_suspicion(id)
     }
 }

@@ -225,6 +225,12 @@ impl<T: Update> BroadcastQueue<T> {
         BroadcastQueue { decades: true, ..BroadcastQueue::new(lambda, capacity) }
     }
 
+    /// Drops every queued item and gives back the room they took.
+    pub(crate) fn clear(&mut self) {
+        let evicted = self.evicted;
+        *self = BroadcastQueue { decades: self.decades, evicted, ..BroadcastQueue::new(self.lambda, self.capacity) };
+    }
+
     /// How many times one item is sent in a cluster of `cluster_size` nodes (at least 1).
     pub(crate) fn transmit_limit(&self, cluster_size: usize) -> u32 {
         let n = u64::try_from(cluster_size).unwrap_or(u64::MAX).saturating_add(1);

@@ -197,6 +197,9 @@ pub(crate) struct Membership {
     next_notice: Time,
     /// Nodes held DOWN that were sent their DOWN record, and when; pruned as it grows.
     told_down: Vec<(NodeId, Time)>,
+    /// When this node last withdrew its suspicions after a healed cut: suspicions raised before
+    /// are the cut's and not taken in again.
+    withdrawn: Option<Time>,
     /// Records being fetched after an announcement, by node.
     fetching: HashMap<NodeId, Fetching, FixedState>,
     /// The answers budget and the answers owed.
@@ -228,6 +231,7 @@ impl Membership {
             suspects: BTreeSet::new(),
             next_notice: now,
             told_down: Vec::new(),
+            withdrawn: None,
             fetching: HashMap::default(),
             answers: Answers::new(settings.answers_per_round),
             next_round: now,
@@ -628,12 +632,83 @@ mod tests {
     }
 
     #[test]
+    fn suspicions_from_members_in_doubt_are_ignored_and_mutual_doubt_withdraws_a_nodes_own() {
+        let (mut node, five) = node_with_peers(4);
+        let [me, five, eight, nine] = [node.config.id, five.id, NodeId::from_u64(8), NodeId::from_u64(9)];
+        // At `at`, `sender` gossips suspicions of `(suspect, raised by)` raised `age` hundredths
+        // of a second before, at each member's current version.
+        let tell = |node: &mut Node, at: Time, sender: u64, age: u16, of: &[(NodeId, NodeId)]| {
+            let items = of
+                .iter()
+                .map(|&(id, from)| {
+                    let (generation, heartbeat) = if id == node.config.id {
+                        (node.replica.local().generation, node.replica.local().heartbeat)
+                    } else {
+                        (1, 1)
+                    };
+                    Piggyback::Suspect { id, generation, heartbeat, from, age }
+                })
+                .collect();
+            gossip(node, at, sender, items);
+        };
+        let own_heartbeat = |node: &Node| node.replica.local().heartbeat;
+        let t = Time::from_secs(10);
+        // Node 9 tells of its suspicion of node 8: taken in.
+        tell(&mut node, t, 9, 0, &[(eight, nine)]);
+        assert!(node.membership.is_suspect(&eight));
+        // What node 8, suspected here, raises or passes on is not: neither its suspicion of
+        // node 5 nor node 9's of node 5 that it relays.
+        tell(&mut node, t, 8, 0, &[(five, eight), (five, nine)]);
+        assert!(!node.membership.is_suspect(&five));
+        // A suspicion of this node that members not in doubt raised and passed on is refuted,
+        // and this node, holding one member in three in doubt, keeps its suspicions.
+        let before = own_heartbeat(&node);
+        tell(&mut node, t, 9, 0, &[(me, five)]);
+        assert!(own_heartbeat(&node) > before);
+        assert!(node.membership.is_suspect(&eight));
+        // Node 8's suspicion of this node, passed on by node 9: the doubt is mutual, so the cut
+        // between them has healed. No refutation; this node withdraws its suspicion of node 8.
+        let before = own_heartbeat(&node);
+        tell(&mut node, t, 9, 0, &[(me, eight)]);
+        assert_eq!(own_heartbeat(&node), before, "a suspecter held in doubt is not answered");
+        assert!(!node.membership.is_suspect(&eight));
+        assert_eq!(node.stats().suspicions_withdrawn, 1);
+        assert_eq!(node.membership.queued().1, 0, "withdrawn suspicions are not gossiped on");
+        assert!(node.replica.get(&eight).is_some_and(|s| s.is_alive()), "routable again");
+        // Two seconds on, node 9 passes on suspicions of node 8 and node 5 raised three seconds
+        // before, during the cut: not taken in again.
+        let t = t + Duration::from_secs(2);
+        tell(&mut node, t, 9, 300, &[(eight, nine), (five, nine)]);
+        assert!(!node.membership.is_suspect(&eight) && !node.membership.is_suspect(&five));
+        // Raised a second ago, after the withdrawal: taken in as ever.
+        tell(&mut node, t, 9, 100, &[(eight, nine), (five, nine)]);
+        assert!(node.membership.is_suspect(&eight) && node.membership.is_suspect(&five));
+
+        // Nodes 5 and 8 in doubt: two members of three, this node is cut off. It refutes
+        // whoever suspects it, then withdraws its suspicions.
+        assert_eq!(node.membership.queued().1, 2);
+        let before = own_heartbeat(&node);
+        tell(&mut node, t, 8, 0, &[(me, eight)]);
+        assert!(own_heartbeat(&node) > before, "a node cut off refutes whoever tells it");
+        assert!(!node.membership.is_suspect(&eight) && !node.membership.is_suspect(&five));
+        assert_eq!(node.stats().suspicions_withdrawn, 3);
+        assert_eq!(node.membership.queued().1, 0);
+        // A suspicion of this node at its new heartbeat, raised before it withdrew, dates from
+        // the cut: no refutation. One raised after is refuted.
+        let (t, before) = (t + Duration::from_secs(1), own_heartbeat(&node));
+        tell(&mut node, t, 9, 150, &[(me, nine)]);
+        assert_eq!(own_heartbeat(&node), before);
+        tell(&mut node, t, 9, 50, &[(me, nine)]);
+        assert!(own_heartbeat(&node) > before);
+    }
+
+    #[test]
     fn answers_beyond_a_rounds_budget_wait_for_the_next_round_one_datagram_a_peer() {
         let (mut node, five) = node_with_peers(4);
         let per_round = 3;
         node.config.membership.answers_per_round = Some(per_round);
         node.membership.answers = Answers::new(Some(per_round));
-        let stale = Piggyback::Suspect { id: five.id, generation: 1, heartbeat: 0, from: NodeId::from_u64(8) };
+        let stale = Piggyback::Suspect { id: five.id, generation: 1, heartbeat: 0, from: NodeId::from_u64(8), age: 0 };
         let askers: Vec<u64> = (100..110).collect();
         // Who got a correction (five's record) at each instant.
         let corrected = |sent: &[(NodeId, Message)]| -> Vec<NodeId> {

@@ -141,6 +141,10 @@ pub struct Stats {
     pub suspicions_raised: u64,
     /// suspicions of this node it refuted by raising its heartbeat.
     pub suspicions_refuted: u64,
+    /// suspicions this node withdrew when it found they dated from a cut that has healed (a
+    /// member it held in doubt suspected it too, or it refuted one of itself while holding most
+    /// members in doubt).
+    pub suspicions_withdrawn: u64,
     /// nodes this node's detector confirmed failed and marked DOWN.
     pub confirmed_down: u64,
     /// Anti-entropy exchanges this node started.

@@ -29,7 +29,9 @@ pub const MAX_DATAGRAM: usize = 1100;
 /// - 3: one membership protocol. The push-pull digests (`Digest`, `DigestReply`) are gone and
 ///   the later variants moved up two places; version-2 datagrams are refused as
 ///   [`DecodeError::UnsupportedVersion`], and transport admission refuses version-2 members.
-pub const WIRE_VERSION: u8 = 3;
+/// - 4: a suspicion carries its age ([`Piggyback::Suspect`]'s `age`), so that a node that withdrew
+///   its suspicions after a healed cut can tell the cut's from later ones.
+pub const WIRE_VERSION: u8 = 4;
 
 /// A gossip message. Variant order is part of the wire format.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +126,10 @@ pub enum Piggyback {
         heartbeat: u64,
         /// Who raised the suspicion.
         from: NodeId,
+        /// How long ago it was raised, as the sender reckons it, in hundredths of a second
+        /// ([`suspicion_age`]). A node that withdrew its suspicions after a healed cut drops
+        /// those raised before it did, and takes in those raised after.
+        age: u16,
     },
     /// The sender holds `id`'s record at `version` (or later): announced instead of the whole
     /// record once the record has been pushed a few times. A receiver that lacks it asks for it
@@ -516,6 +522,18 @@ fn varint(mut n: usize) -> Vec<u8> {
     }
 }
 
+/// A suspicion's age as [`Piggyback::Suspect`] carries it: hundredths of a second, saturating at
+/// 655.35 s (a suspicion that old reads as raised at least that long ago).
+pub(crate) fn suspicion_age(age: core::time::Duration) -> u16 {
+    u16::try_from(age.as_millis() / 10).unwrap_or(u16::MAX)
+}
+
+/// The age a [`Piggyback::Suspect`] carries, as a duration ([`suspicion_age`]'s inverse, to the
+/// hundredth of a second).
+pub(crate) fn suspicion_age_duration(age: u16) -> core::time::Duration {
+    core::time::Duration::from_millis(u64::from(age) * 10)
+}
+
 /// The postcard encoding of one item, as [`ProbeBuilder::push_encoded`] takes it.
 #[cfg(any(test, feature = "harness"))]
 pub fn encode_piggyback(item: &Piggyback) -> Bytes {
@@ -596,9 +614,11 @@ mod tests {
         assert!(decode(&d).is_ok());
         d[0] = 1;
         assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(1)));
-        assert!(DecodeError::UnsupportedVersion(1).to_string().contains("speaks 3"));
-        d[0] = 2;
-        assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(2)));
+        assert!(DecodeError::UnsupportedVersion(1).to_string().contains("speaks 4"));
+        for previous in 2..WIRE_VERSION {
+            d[0] = previous;
+            assert_eq!(decode(&d), Err(DecodeError::UnsupportedVersion(previous)));
+        }
     }
 
     #[test]
@@ -633,11 +653,14 @@ mod tests {
 
     fn piggyback() -> impl Strategy<Value = Piggyback> {
         prop_oneof![
-            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(i, g, h, f)| Piggyback::Suspect {
-                id: NodeId::from_u64(i),
-                generation: g,
-                heartbeat: h,
-                from: NodeId::from_u64(f),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u16>()).prop_map(|(i, g, h, f, age)| {
+                Piggyback::Suspect {
+                    id: NodeId::from_u64(i),
+                    generation: g,
+                    heartbeat: h,
+                    from: NodeId::from_u64(f),
+                    age,
+                }
             }),
             (any::<u64>(), any::<u64>(), 0u8..4, prop::collection::vec(0u8..40, 0..MAX_MODELS)).prop_map(
                 |(i, g, s, models)| {
@@ -663,7 +686,13 @@ mod tests {
     #[test]
     fn probe_builders_match_postcard() {
         let items = vec![
-            Piggyback::Suspect { id: NodeId::from_u64(3), generation: 7, heartbeat: 9, from: NodeId::from_u64(4) },
+            Piggyback::Suspect {
+                id: NodeId::from_u64(3),
+                generation: 7,
+                heartbeat: 9,
+                from: NodeId::from_u64(4),
+                age: 300,
+            },
             Piggyback::Record(Record::new(
                 NodeId::from_u64(8),
                 5,

@@ -64,7 +64,7 @@ fn input(op: &Op, now: Time) -> Option<Input> {
             Input::Datagram { from, payload: encode_unbounded(&Message::Records(vec![r])).into() }
         }
         Op::Suspect(g, h) => {
-            let p = Piggyback::Suspect { id: ME, generation: *g, heartbeat: *h, from };
+            let p = Piggyback::Suspect { id: ME, generation: *g, heartbeat: *h, from, age: 0 };
             Input::Datagram { from, payload: encode_unbounded(&Message::Gossip(vec![p])).into() }
         }
         Op::Have(g, s, h) => {

@@ -94,7 +94,8 @@ fn a_falsely_suspected_node_refutes_and_is_never_marked_down() {
     let victim = id(3);
     let own = h.node(victim).local_record().clone();
     // Node 8 claims that node 3 is suspect at its current heartbeat.
-    let rumor = Piggyback::Suspect { id: victim, generation: own.generation, heartbeat: own.heartbeat, from: id(8) };
+    let rumor =
+        Piggyback::Suspect { id: victim, generation: own.generation, heartbeat: own.heartbeat, from: id(8), age: 0 };
     let payload = encode_unbounded(&Message::Gossip(vec![rumor]));
     for x in [id(1), id(2), victim] {
         h.input(x, Input::Datagram { from: id(8), payload: payload.clone().into() });

@@ -440,7 +440,7 @@ impl Run {
             g => u64::from(g % 4),
         };
         let heartbeat = u64::from(word(u));
-        Piggyback::Suspect { id, generation, heartbeat, from: peer_id(u) }
+        Piggyback::Suspect { id, generation, heartbeat, from: peer_id(u), age: word(u) }
     }
 
     /// The node's own record as a peer might hold it: `tweak % 9` picks the change, `amount`

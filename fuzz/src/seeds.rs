@@ -104,10 +104,10 @@ fn node_scripts() -> Seeds {
             .op(op::CONNECT, &[2])
             .records(2, &[peer(2, 1, Lifecycle::Serve, 7, &[0, 2])])
     };
-    // Item layouts of `facade::piggyback`: a suspicion, and a record.
+    // Item layouts of `facade::piggyback`: a suspicion (raised just now), and a record.
     let suspect = |id: u64, own_generation: bool, heartbeat: u16, from: u64| {
         let [lo, hi] = heartbeat.to_le_bytes();
-        vec![0, (id - 1) as u8, if own_generation { 4 } else { 1 }, lo, hi, (from - 1) as u8]
+        vec![0, (id - 1) as u8, if own_generation { 4 } else { 1 }, lo, hi, (from - 1) as u8, 0, 0]
     };
     let record = |r: Vec<u8>| [vec![1], r].concat();
     // An announcement of node `id`'s record at generation 1 in `state` (its index in the
@@ -326,6 +326,7 @@ fn wire_seeds() -> Seeds {
         generation: 1_760_000_000_004,
         heartbeat: 304,
         from: NodeId::from_u64(5),
+        age: 150,
     });
     ping.push(&Piggyback::Record(realistic(6, &["qwen2.5-7b"])));
     let mut gossip = ProbeBuilder::gossip(MAX_DATAGRAM);

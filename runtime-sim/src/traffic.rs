@@ -61,9 +61,11 @@ impl Tally {
 /// Gossip datagrams by why they were sent, summed over the running nodes' counters
 /// ([`tela_core::Stats`]): in gossip rounds, and the kinds of answer sent at once outside them, and the answers owed until a round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Senders([u64; 7]);
+pub(crate) struct Senders([u64; 10]);
 
-const SENDER_NAMES: [&str; 7] = [
+/// The first seven counters are gossip datagrams by why they were sent; the last three what a
+/// heal costs in refutations.
+const SENDER_NAMES: [&str; 10] = [
     "in gossip rounds",
     "news to outbound-only nodes",
     "corrections of stale suspicions",
@@ -71,7 +73,11 @@ const SENDER_NAMES: [&str; 7] = [
     "fetch answers",
     "suspicion notices",
     "owed answers, in the next round",
+    "suspicions of itself refuted",
+    "DOWN marks of itself refuted",
+    "suspicions withdrawn",
 ];
+const GOSSIP_SENDERS: usize = 7;
 
 impl Senders {
     pub fn of(s: tela_core::Stats) -> Senders {
@@ -83,6 +89,9 @@ impl Senders {
             s.fetch_answers,
             s.suspicion_notices,
             s.owed_answers_sent,
+            s.suspicions_refuted,
+            s.refutations,
+            s.suspicions_withdrawn,
         ])
     }
 }
@@ -153,11 +162,16 @@ impl Traffic {
         let parts: Vec<String> = (0..SENDER_NAMES.len())
             .map(|i| {
                 let n = now.0[i].saturating_sub(self.window_senders.0[i]);
-                format!("{} {:.1}", SENDER_NAMES[i], n as f64 / per)
+                if i < GOSSIP_SENDERS {
+                    format!("{} {:.1}", SENDER_NAMES[i], n as f64 / per)
+                } else {
+                    format!("{} {n}", SENDER_NAMES[i])
+                }
             })
             .collect();
         self.window_senders = now;
-        format!("gossip datagrams per node per s: {}", parts.join(", "))
+        let (gossip, refutations) = parts.split_at(GOSSIP_SENDERS);
+        format!("gossip datagrams per node per s: {}\n  in all: {}", gossip.join(", "), refutations.join(", "))
     }
 
     /// The lines for the whole run.
@@ -208,8 +222,13 @@ mod tests {
     #[test]
     fn counts_datagrams_by_tag_and_items_by_kind_per_window() {
         let mut t = Traffic::default();
-        let suspect =
-            Piggyback::Suspect { id: NodeId::from_u64(1), generation: 1, heartbeat: 0, from: NodeId::from_u64(2) };
+        let suspect = Piggyback::Suspect {
+            id: NodeId::from_u64(1),
+            generation: 1,
+            heartbeat: 0,
+            from: NodeId::from_u64(2),
+            age: 0,
+        };
         let gossip = wire::encode_unbounded(&Message::Gossip(vec![
             suspect.clone(),
             Piggyback::Record(record(3, Lifecycle::Serve)),

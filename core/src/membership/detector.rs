@@ -10,7 +10,7 @@ use crate::record::Lifecycle;
 use crate::swim::{Action, Event as SwimEvent};
 use crate::time::Time;
 use crate::timer::Timer;
-use crate::wire::{Piggyback, ProbeBuilder};
+use crate::wire::ProbeBuilder;
 
 /// Running suspicions repeated on each ping, besides the queue's items: a node that missed a
 /// refutation learns of it from the next peer it probes (which answers the stale suspicion).
@@ -51,7 +51,13 @@ impl Node {
                     Action::GossipSuspect { id, incarnation } => {
                         let generation = self.replica.get(&id).map(|s| s.record().generation);
                         if let Some(generation) = generation {
-                            self.membership.suspicions.push(QueuedSuspicion::new(id, generation, incarnation, me));
+                            self.membership.suspicions.push(QueuedSuspicion::new(
+                                id,
+                                generation,
+                                incarnation,
+                                me,
+                                self.now,
+                            ));
                         }
                     }
                     // The node handles suspicions of itself in `on_suspicion`; the detector only
@@ -127,22 +133,20 @@ impl Node {
         skip_empty: bool,
     ) -> bool {
         let n = self.replica.len();
-        let st = &mut self.membership;
         if let Some(target) = buddy {
             // Lifeguard's buddy system: the suspect hears of the suspicion at once. Other running
             // suspicions ride along too, so that a peer that holds the refutation answers it.
-            let others = st.suspects.iter().filter(|s| **s != target).take(SUSPICIONS_PER_PING);
-            let ids: Vec<NodeId> = st.suspects.get(&target).into_iter().chain(others).copied().collect();
-            for id in ids {
-                let generation = self.replica.get(&id).map(|s| s.record().generation);
-                let heartbeat = st.detector.member_incarnation(&self.replica, &id);
-                if let (Some(generation), Some(heartbeat)) = (generation, heartbeat) {
-                    b.push(&Piggyback::Suspect { id, generation, heartbeat, from: self.config.id });
+            let suspects = &self.membership.suspects;
+            let others = suspects.iter().filter(|s| **s != target).take(SUSPICIONS_PER_PING);
+            for id in suspects.get(&target).into_iter().chain(others) {
+                if let Some(item) = self.own_suspicion(*id) {
+                    b.push(&item);
                 }
             }
         }
+        let (now, st) = (self.now, &mut self.membership);
         st.suspicions.fill(b.budget(), n, |s, _| {
-            b.push(&s.piggyback());
+            b.push(&s.piggyback(now));
         });
         st.records.fill(b.budget(), n, |r, sends| {
             if r.is_eager(sends) {

@@ -67,8 +67,8 @@ impl Node {
         for item in piggyback {
             match item {
                 Piggyback::Record(r) => self.absorb(r),
-                Piggyback::Suspect { id, generation, heartbeat, from: suspecter } => {
-                    if let Some(newer) = self.on_suspicion(id, generation, heartbeat, suspecter) {
+                Piggyback::Suspect { id, generation, heartbeat, from: suspecter, age } => {
+                    if let Some(newer) = self.on_suspicion(from, id, generation, heartbeat, suspecter, age) {
                         corrections.push(newer);
                     }
                 }

@@ -9,7 +9,8 @@ use crate::id::NodeId;
 use crate::node::Node;
 use crate::record::{Lifecycle, SharedRecord};
 use crate::swim::Rumor;
-use crate::wire::Piggyback;
+use crate::time::Time;
+use crate::wire::{suspicion_age, suspicion_age_duration, Piggyback};
 use core::time::Duration;
 
 /// How often a node tells the members it suspects, directly, that it does; most suspects told at
@@ -26,20 +27,29 @@ pub(super) struct QueuedSuspicion {
     generation: u64,
     heartbeat: u64,
     from: NodeId,
+    /// When it was raised, on this node's timeline (now less the age it arrived with).
+    raised: Time,
+    /// The encoded length at the longest age: the age is a varint that grows as it is sent.
     encoded_len: u8,
 }
 
+// Millions are queued in a cut at 10,000 nodes.
+const _: () = assert!(core::mem::size_of::<QueuedSuspicion>() <= 64);
+
 impl QueuedSuspicion {
-    pub(super) fn new(id: NodeId, generation: u64, heartbeat: u64, from: NodeId) -> QueuedSuspicion {
-        let mut q = QueuedSuspicion { id, generation, heartbeat, from, encoded_len: 0 };
-        // At most 53 bytes: a tag, two ids and two varints.
-        let len = postcard::experimental::serialized_size(&q.piggyback()).unwrap_or(usize::MAX);
+    pub(super) fn new(id: NodeId, generation: u64, heartbeat: u64, from: NodeId, raised: Time) -> QueuedSuspicion {
+        let mut q = QueuedSuspicion { id, generation, heartbeat, from, raised, encoded_len: 0 };
+        // At most 56 bytes: a tag, two ids and three varints.
+        let oldest = q.piggyback(raised + suspicion_age_duration(u16::MAX));
+        let len = postcard::experimental::serialized_size(&oldest).unwrap_or(usize::MAX);
         q.encoded_len = u8::try_from(len).unwrap_or(u8::MAX);
         q
     }
 
-    pub(super) fn piggyback(&self) -> Piggyback {
-        Piggyback::Suspect { id: self.id, generation: self.generation, heartbeat: self.heartbeat, from: self.from }
+    /// The suspicion as sent at `now`.
+    pub(super) fn piggyback(&self, now: Time) -> Piggyback {
+        let (id, generation, heartbeat, from) = (self.id, self.generation, self.heartbeat, self.from);
+        Piggyback::Suspect { id, generation, heartbeat, from, age: suspicion_age(now.saturating_since(self.raised)) }
     }
 }
 
@@ -62,32 +72,106 @@ impl Update for QueuedSuspicion {
 }
 
 impl Node {
-    /// A piggybacked suspicion of `id` at `(generation, heartbeat)` raised by `from`. Returns the
-    /// record that answers it when the suspicion is stale here (we hold, or are, a later version):
-    /// the sender has missed a refutation, and telling it directly is cheaper than letting its
-    /// suspicion run out.
+    /// Whether this node holds `id` in doubt: suspected here, or DOWN in its current generation.
+    pub(super) fn doubts(&self, id: &NodeId) -> bool {
+        self.membership.suspects.contains(id) || self.replica.down_ids().contains(id)
+    }
+
+    /// Whether this node holds most of the federation in doubt (suspected, or DOWN in their
+    /// current generation): it is cut off from the rest (or the rest failed), and what it
+    /// suspects says more about where it stands than about them.
+    pub(super) fn cut_off(&self) -> bool {
+        let down = self.replica.down_ids().len();
+        // Members DOWN here are no longer the detector's.
+        let members = self.membership.detector.cluster_size() - 1 + down;
+        members > 0 && 2 * (self.membership.suspects.len() + down) >= members
+    }
+
+    /// This node refuted a suspicion or a DOWN mark of itself. If it holds most members in doubt,
+    /// the federation suspected it because it was cut off, and its own suspicions date from the
+    /// cut: it withdraws them instead of making every member across the cut refute them.
+    pub(crate) fn refuted(&mut self) {
+        if self.cut_off() {
+            self.withdraw_suspicions();
+        }
+    }
+
+    /// Withdraws every suspicion this node holds, queued ones included
+    /// ([`Swim::withdraw_suspicions`](crate::swim::Swim::withdraw_suspicions)). For a node that
+    /// found its suspicions date from a cut that has healed.
+    fn withdraw_suspicions(&mut self) {
+        let now = self.now;
+        self.membership.withdrawn = Some(now);
+        if self.membership.suspects.is_empty() {
+            return;
+        }
+        self.stats.suspicions_withdrawn += self.membership.suspects.len() as u64;
+        let st = &mut self.membership;
+        st.detector.withdraw_suspicions(&self.replica, now);
+        st.suspicions.clear();
+    }
+
+    /// A suspicion of `id` at `(generation, heartbeat)` raised by `from`, piggybacked by
+    /// `sender`. Returns the record that answers it when the suspicion is stale here (we hold, or
+    /// are, a later version): the sender has missed a refutation, and telling it directly is
+    /// cheaper than letting its suspicion run out.
+    ///
+    /// A suspicion that a node held in doubt here raised or passed on is not taken in: that node
+    /// is likely cut off from us, and so from whomever it suspects (after a partition heals, each
+    /// side holds the other in doubt and gossips suspicions of all of it).
+    ///
+    /// When such a suspicion names this node, the doubt is mutual, which a failure never makes
+    /// (a failed node suspects no one): the two were cut off from each other, and the cut has
+    /// healed, since the suspicion got through. This node withdraws its own suspicions, which
+    /// date from the cut, and does not refute (the suspecter does the same when it hears of a
+    /// suspicion of itself from this side) — unless this node holds most members in doubt: then
+    /// it is the one that was cut off, the rest of the federation may well suspect it, and it
+    /// refutes, then withdraws ([`Node::refuted`]).
+    ///
+    /// A suspicion raised (`age` ago) before this node last withdrew its suspicions dates from
+    /// the cut too, and is not taken in: members cut off together would otherwise hand each
+    /// other back the suspicions each had withdrawn, and withdraw again on the next mutual
+    /// doubt, for minutes at 10,000 nodes. A suspicion raised after the withdrawal is taken in as
+    /// ever, so a member that really failed during the cut is suspected again at once by whoever
+    /// probes it next.
     pub(super) fn on_suspicion(
         &mut self,
+        sender: NodeId,
         id: NodeId,
         generation: u64,
         heartbeat: u64,
         from: NodeId,
+        age: u16,
     ) -> Option<SharedRecord> {
+        let raised = self.now.saturating_sub(suspicion_age_duration(age));
+        let before_withdrawal = self.membership.withdrawn.is_some_and(|at| raised < at);
+        let in_doubt = self.doubts(&sender) || self.doubts(&from);
         if id == self.config.id {
             let own = self.replica.local().clone();
             if own.state == Lifecycle::Left {
+                return None;
+            }
+            if in_doubt && !self.cut_off() {
+                self.withdraw_suspicions();
                 return None;
             }
             // A suspicion of a generation above ours names a record nobody can hold unless
             // we signed it (an earlier process of ours): that record, if it exists, makes us
             // refute when it arrives. Suspicions are not signed, so this one is only answered.
             if generation == own.generation && heartbeat >= own.heartbeat {
+                if before_withdrawal {
+                    return None;
+                }
                 // Alive at a higher incarnation: the record at the new heartbeat refutes it.
                 self.stats.suspicions_refuted += 1;
                 self.update_local(|r| r.heartbeat = r.heartbeat.max(heartbeat));
                 self.membership.detector.note_refuted();
+                self.refuted();
             }
             return Some(self.replica.local().clone());
+        }
+        if in_doubt {
+            return None;
         }
         let held = self.replica.get(&id).map(|s| s.record().clone())?;
         if (held.generation, held.heartbeat) > (generation, heartbeat) {
@@ -95,13 +179,23 @@ impl Node {
         }
         let now = self.now;
         let st = &mut self.membership;
-        if held.generation != generation {
-            return None; // a generation we do not hold yet: its record will tell more
+        if held.generation != generation || before_withdrawal {
+            return None; // a generation we do not hold yet (its record will tell more), or the cut's
         }
         if st.detector.on_suspect_gossip(&self.replica, now, id, heartbeat, from) == Rumor::Spread {
-            st.suspicions.push(QueuedSuspicion::new(id, generation, heartbeat, from));
+            st.suspicions.push(QueuedSuspicion::new(id, generation, heartbeat, from, raised));
         }
         None
+    }
+
+    /// This node's own suspicion of `id` as sent now (its age counted from when this node began
+    /// to suspect it), if it suspects `id`.
+    pub(crate) fn own_suspicion(&self, id: NodeId) -> Option<Piggyback> {
+        let generation = self.replica.get(&id)?.record().generation;
+        let detector = &self.membership.detector;
+        let heartbeat = detector.member_incarnation(&self.replica, &id)?;
+        let age = suspicion_age(self.now.saturating_since(detector.suspected_since(&id)?));
+        Some(Piggyback::Suspect { id, generation, heartbeat, from: self.config.id, age })
     }
 
     /// `from` sent us something while we hold it DOWN in its current generation: if it does not
@@ -131,7 +225,7 @@ mod tests {
     use super::*;
 
     fn suspicion(heartbeat: u64, from: u64) -> QueuedSuspicion {
-        QueuedSuspicion::new(NodeId::from_u64(7), 3, heartbeat, NodeId::from_u64(from))
+        QueuedSuspicion::new(NodeId::from_u64(7), 3, heartbeat, NodeId::from_u64(from), Time::from_secs(2))
     }
 
     #[test]
@@ -140,16 +234,22 @@ mod tests {
         assert!(suspicion(5, 1).covers(&suspicion(5, 1)));
         assert!(!suspicion(5, 1).covers(&suspicion(5, 2)), "another suspecter is a confirmation");
         assert!(!suspicion(4, 1).covers(&suspicion(5, 1)));
+    }
+
+    #[test]
+    fn a_queued_suspicion_ages_as_it_waits_and_its_budget_covers_the_oldest() {
         let s = suspicion(5, 1);
-        let expected =
-            Piggyback::Suspect { id: NodeId::from_u64(7), generation: 3, heartbeat: 5, from: NodeId::from_u64(1) };
-        assert_eq!(s.piggyback(), expected);
-        assert_eq!(
-            s.encoded_len(0),
-            crate::wire::encode_piggyback(&expected).len(),
-            "the budget counts the sent bytes"
-        );
-        let big = QueuedSuspicion::new(NodeId([0xff; 16]), u64::MAX, u64::MAX, NodeId([0xff; 16]));
-        assert_eq!(big.encoded_len(0), 53, "the longest suspicion fits its length byte");
+        let (id, from) = (NodeId::from_u64(7), NodeId::from_u64(1));
+        let at = |age| Piggyback::Suspect { id, generation: 3, heartbeat: 5, from, age };
+        assert_eq!(s.piggyback(Time::from_secs(2)), at(0));
+        assert_eq!(s.piggyback(Time::from_millis(3_257)), at(125), "hundredths of a second, rounded down");
+        assert_eq!(s.piggyback(Time::from_secs(10_000)), at(u16::MAX), "saturates");
+        for now in [Time::from_secs(2), Time::from_secs(3), Time::from_secs(10_000)] {
+            let sent = crate::wire::encode_piggyback(&s.piggyback(now)).len();
+            assert!(s.encoded_len(0) >= sent, "the budget never counts fewer bytes than are sent");
+        }
+        assert_eq!(s.encoded_len(0), crate::wire::encode_piggyback(&at(u16::MAX)).len());
+        let big = QueuedSuspicion::new(NodeId([0xff; 16]), u64::MAX, u64::MAX, NodeId([0xff; 16]), Time::ZERO);
+        assert_eq!(big.encoded_len(0), 56, "the longest suspicion fits its length byte");
     }
 }

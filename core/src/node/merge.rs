@@ -32,6 +32,7 @@ impl Node {
             let local = self.replica.local();
             if !local.dominates(record) && self.authentic(record, local.same_owner_version(record)) {
                 self.refute(record.generation);
+                self.refuted();
             }
             return None;
         }
