@@ -40,6 +40,15 @@
 //!   suspicions on its pings. A node that receives a suspicion older than the record it holds
 //!   (or is) answers the sender with that record, so a node that missed a refutation learns of
 //!   it from the next peer it talks to;
+//! - after a cut heals, does not make the two sides refute each other's suspicions (each
+//!   refutation a record spread to every node): a suspicion that a member held in doubt here
+//!   raised or passed on is not taken in; one of this node from such a member shows mutual
+//!   doubt, which a failure never makes, and the node withdraws its own suspicions instead of
+//!   refuting (a node that holds most members in doubt, the side cut off, refutes, then
+//!   withdraws). Suspicions carry their age, and a node that withdrew takes in none raised
+//!   before it did, so members cut off together cannot hand each other theirs back, while a
+//!   member that did fail is suspected afresh by whoever probes it next
+//!   (`Node::on_suspicion`);
 //! - runs one anti-entropy exchange of hashed buckets ([`crate::anti_entropy`]) with a random
 //!   peer every `anti_entropy_interval` (`outbound_anti_entropy_interval` on an outbound-only
 //!   node, whose pulls miss what has already left its peers' queues), and one with every peer

@@ -29,8 +29,8 @@ pub const MAX_DATAGRAM: usize = 1100;
 /// - 3: one membership protocol. The push-pull digests (`Digest`, `DigestReply`) are gone and
 ///   the later variants moved up two places; version-2 datagrams are refused as
 ///   [`DecodeError::UnsupportedVersion`], and transport admission refuses version-2 members.
-/// - 4: a suspicion carries its age ([`Piggyback::Suspect`]'s `age`), so that a node that withdrew
-///   its suspicions after a healed cut can tell the cut's from later ones.
+/// - 4: a suspicion carries its age (the `age` of `Piggyback::Suspect`), so that a node that
+///   withdrew its suspicions after a healed cut can tell the cut's from later ones.
 pub const WIRE_VERSION: u8 = 4;
 
 /// A gossip message. Variant order is part of the wire format.
