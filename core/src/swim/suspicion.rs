@@ -174,10 +174,10 @@ impl Swim {
     /// For a node that finds its suspicions date from a cut that has healed (see
     /// `Node::on_suspicion`). Were they kept, every member on the far side of the cut would
     /// have to refute them, a new record each spread to every node. A member that did fail
-    /// meanwhile is still suspected by the rest of the federation and by this node's probes,
-    /// and their suspicions are taken in again as ever: a quiet period after a withdrawal (tried)
-    /// made a gateway see a node killed during the cut 12 s late instead of 5 s in
-    /// `federation-1k`, for a cheaper heal.
+    /// meanwhile is suspected afresh by this node's probes and by the rest of the federation's,
+    /// and suspicions raised after the withdrawal are taken in as ever (those raised before
+    /// are not, `Node::on_suspicion`): a quiet period after a withdrawal (tried) made a gateway
+    /// see a node killed during the cut 12 s late instead of 5 s in `federation-1k`.
     pub(crate) fn withdraw_suspicions(&mut self, dir: &impl Directory, now: Time) {
         self.advance(now);
         for (_, id) in core::mem::take(&mut self.suspicions) {
