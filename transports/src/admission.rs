@@ -31,8 +31,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// The version of the admission exchange, control-stream frames and connection datagrams
 /// spoken by this build (5: core's wire version 4, whose suspicions carry their age, which a
 /// build of 4 would refuse datagram by datagram; 4: nodes send engine load reports as tagged
-/// datagrams, which a build of 3 would refuse one by one; 3: `Hello` and `Welcome` no longer name a membership protocol,
-/// SWIM being the only one; 2 named it).
+/// datagrams, which a build of 3 would refuse one by one; 3: `Hello` and `Welcome` no longer
+/// name a membership protocol, SWIM being the only one; 2 named it).
 pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The TLS exporter label of the admission proof.

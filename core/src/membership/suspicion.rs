@@ -1,7 +1,9 @@
 //! Suspicions beyond the detector: a suspicion queued for piggybacking ([`QueuedSuspicion`]),
 //! a piggybacked one taken in (refuted when it is about this node, answered with the newer
-//! record when it is stale here), and a node held DOWN told so when it talks to us, so that it
-//! refutes.
+//! record when it is stale here; ignored when a member held in doubt raised or passed it on,
+//! taken as a sign of a healed cut when the doubt is mutual, and ignored when it was raised
+//! before this node withdrew its suspicions), and a node held DOWN told so when it talks to us,
+//! so that it refutes.
 
 use crate::answers::Answer;
 use crate::broadcast::Update;
