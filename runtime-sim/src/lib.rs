@@ -33,9 +33,12 @@
 //! Drive it from the command line (`tela-sim run smoke-100 --seed 7 --report r.json --plot
 //! out/`) or from code. Two environment variables print more to stderr: `TELA_SIM_DEBUG` how
 //! replicas differ when a liveness phase fails, `TELA_SIM_TRACE` every tracked change with its
-//! spreading curve and, every 5 simulated seconds and for the whole run, datagrams and bytes by
-//! message kind, the records and suspicions they carried by kind, and the updates queued per
-//! node (`traffic.rs`: where the bytes of a partition's cut and heal go).
+//! spreading curve and how many nodes took it through each kind of message (`Records`, a
+//! transfer; `Gossip`; `Ping`; ...), each of the last three nodes to take a change more
+//! than 3 s after it began with how the others then held that node (a slow tail's make-up), and,
+//! every 5 simulated seconds and for the whole run, datagrams and bytes by message kind, the
+//! records and suspicions they carried by kind, and the updates queued per node (`traffic.rs`:
+//! where the bytes of a partition's cut and heal go).
 //!
 //!
 //! ```

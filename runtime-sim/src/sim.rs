@@ -234,10 +234,14 @@ impl Sim {
             return;
         };
         let before = node.stats().records_changed;
+        let via = match &input {
+            Input::Datagram { payload, .. } if self.t.tracing => payload.get(1).copied(),
+            _ => None,
+        };
         node.handle_input(local, input);
         let changed = node.stats().records_changed != before;
         if changed {
-            self.after_merge(h);
+            self.after_merge(h, via);
         }
         self.pump(h);
     }

@@ -60,6 +60,9 @@ struct Change {
     remaining: u32,
     total: u32,
     curve: Vec<(u32, u32)>,
+    /// When tracing, how many nodes took the change through a datagram of each message tag
+    /// (the last slot, beyond the wire's tags: another way, such as a restart).
+    via: [u32; 11],
 }
 
 #[derive(Clone, Debug)]
@@ -329,6 +332,7 @@ impl Trackers {
             remaining,
             total: remaining,
             curve: vec![(0, 0)],
+            via: [0; 11],
         });
     }
 
@@ -349,8 +353,11 @@ impl Trackers {
         }
     }
 
-    /// Node `h`'s replica changed: does it now hold tracked changes?
-    pub fn on_merge(&mut self, h: u32, node: &Node, now: Micros) {
+    /// Node `h`'s replica changed: does it now hold tracked changes? Returns, when tracing, the
+    /// changes `h` was among the last three to take more than 3 s after they began: (owner,
+    /// milliseconds).
+    pub fn on_merge(&mut self, h: u32, node: &Node, now: Micros, via: Option<u8>) -> Vec<(u32, u64)> {
+        let mut late = Vec::new();
         let mut any = false;
         for c in &mut self.changes {
             if !c.waiting.get(h) {
@@ -362,11 +369,16 @@ impl Trackers {
                 c.remaining -= 1;
                 c.curve.push((((now - c.t0) / 1_000) as u32, c.total - c.remaining));
                 any = true;
+                c.via[via.map_or(10, |t| usize::from(t).min(10))] += 1;
+                if self.tracing && c.remaining < 3 && now - c.t0 > 3_000_000 {
+                    late.push((c.owner, (now - c.t0) / 1_000));
+                }
             }
         }
         if any {
             self.finish_changes(now);
         }
+        late
     }
 
     fn finish_changes(&mut self, now: Micros) {
@@ -376,11 +388,18 @@ impl Trackers {
                 let c = self.changes.swap_remove(i);
                 if self.tracing {
                     eprintln!(
-                        "change of {} {:?} at {:.3}s: {:.0} ms {:?}",
+                        "change of {} {:?} at {:.3}s: {:.0} ms (taken through {}) {:?}",
                         c.owner,
                         c.version,
                         c.t0 as f64 / 1e6,
                         (now - c.t0) as f64 / 1e3,
+                        c.via
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, n)| **n > 0)
+                            .map(|(t, n)| format!("{} {n}", crate::traffic::tag_name(t)))
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         c.curve.iter().step_by(8).collect::<Vec<_>>()
                     );
                 }

@@ -21,6 +21,11 @@ const TAGS: usize = 16;
 /// The wire's message kinds by tag, as [`Message`] orders its variants.
 const TAG_NAMES: [&str; 10] =
     ["Records", "Want", "Ping", "PingReq", "Ack", "Nack", "Gossip", "Buckets", "BucketEntries", "Fetch"];
+/// The name of message tag `tag`, as the wire numbers its kinds.
+pub(crate) fn tag_name(tag: usize) -> &'static str {
+    TAG_NAMES.get(tag).copied().unwrap_or("other")
+}
+
 /// Kinds of item counted: records piggybacked by [`kind_of`], suspicions, records transferred
 /// by [`kind_of`], announcements of records.
 const ITEMS: usize = 8;

@@ -102,7 +102,7 @@ impl Sim {
             if let Some(node) = host.node.as_mut() {
                 node.restore(local, &records);
             }
-            self.after_merge(h);
+            self.after_merge(h, None);
             self.pump(h);
         }
         // Every node holds its connections to the gateways (gateways to those before them),

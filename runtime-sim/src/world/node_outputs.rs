@@ -62,8 +62,9 @@ impl Sim {
         }
     }
 
-    /// After a node's replica changed: invariant checks and convergence tracking.
-    pub(crate) fn after_merge(&mut self, h: u32) {
+    /// After a node's replica changed (through a datagram of message tag `via`, when tracing):
+    /// invariant checks and convergence tracking.
+    pub(crate) fn after_merge(&mut self, h: u32, via: Option<u8>) {
         let Some(node) = self.hosts[h as usize].node.as_ref() else {
             return;
         };
@@ -71,6 +72,41 @@ impl Sim {
             self.fail(violation.to_string());
         }
         let node = self.hosts[h as usize].node.as_ref().expect("checked");
-        self.t.on_merge(h, node, self.now);
+        for (owner, ms) in self.t.on_merge(h, node, self.now, via) {
+            self.trace_late_receiver(h, owner, ms, via);
+        }
+    }
+
+    /// Traces who took a change late, and how the others hold it: what a slow tail is made of.
+    fn trace_late_receiver(&self, h: u32, owner: u32, ms: u64, via: Option<u8>) {
+        let host = &self.hosts[h as usize];
+        let Some(node) = host.node.as_ref() else { return };
+        let id = node.id();
+        let own = node.local_record();
+        let (mut live, mut down, mut doubt, mut older, mut absent, mut linked) = (0, 0, 0, 0, 0, 0);
+        for (i, other) in self.hosts.iter().enumerate() {
+            let Some(n) = other.node.as_ref().filter(|_| i as u32 != h) else { continue };
+            live += 1;
+            match n.replica().get(&id) {
+                None => absent += 1,
+                Some(s) if s.record().generation < own.generation => older += 1,
+                Some(s) if s.record().state >= tela_core::Lifecycle::Down => down += 1,
+                Some(_) if n.suspects(&id) => doubt += 1,
+                Some(_) => {}
+            }
+            if other.links.contains(&h) {
+                linked += 1;
+            }
+        }
+        eprintln!(
+            "late: node {h} (site {}, {}, {:?}, generation {}) took {owner}'s change after {ms} ms (through {}); \
+             of {live} others {absent} lack it, {older} hold an older generation, {down} hold it DOWN, \
+             {doubt} suspect it; {linked} linked",
+            host.site,
+            if host.public { "public" } else { "outbound-only" },
+            own.state,
+            own.generation,
+            via.map_or("no datagram", |t| crate::traffic::tag_name(usize::from(t))),
+        );
     }
 }
