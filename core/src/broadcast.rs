@@ -1,4 +1,4 @@
-//! A bounded queue of updates waiting to be piggybacked on datagrams, least-sent first.
+//! A bounded queue of updates waiting to be piggybacked on datagrams, least-sent or newest first.
 //!
 //! At 10,000 nodes a change cannot be pushed to everyone; it rides on traffic the node sends
 //! anyway (probes, acks, gossip) and every node that learns it passes it on a few times. This
@@ -7,14 +7,20 @@
 //! - one item per subject [`NodeId`] ([`Update::key`]): a newer update for the same node replaces
 //!   the queued one and starts its count afresh; one the queued item already covers
 //!   ([`Update::covers`]) is dropped, so nothing superseded is ever sent;
-//! - [`BroadcastQueue::fill`] hands out items in order of fewest transmissions first, newest first
-//!   among equals, taking each item that still fits the remaining bytes;
+//! - [`BroadcastQueue::fill`] hands out items in the queue's [`Order`], taking each item that
+//!   still fits the remaining bytes: fewest transmissions first, newest first among equals
+//!   (suspicions), or newest first (records). Least-sent first gives every item its first send
+//!   before any its second, but when a backlog builds up (a healed cut queues a thousand records
+//!   at every node) a new change then goes out once at once and waits for the rest of its sends
+//!   behind the backlog; its epidemic misses a few nodes, which hear of it only through
+//!   anti-entropy, 10 to 20 s later. Newest first sends a new change to its limit as fast as in
+//!   a quiet federation and leaves the backlog to drain behind it;
 //! - each item is sent at most `ceil(lambda · log2(n + 1))` times ([`BroadcastQueue::transmit_limit`];
 //!   `lambda · ceil(log10(n + 1))`, memberlist's limit, with [`BroadcastQueue::per_decade`])
 //!   for a cluster of `n` nodes, the bound under which epidemic dissemination reaches every node
 //!   with high probability, and is then forgotten;
-//! - at most `capacity` items are held; when full, the most-sent item makes room (it has had the
-//!   most chances to spread already).
+//! - at most `capacity` items are held; when full, the last in the send order makes room (the
+//!   most-sent, or the oldest: it has had the most chances to spread already).
 //! - an item may take fewer bytes after its first sends ([`Update::encoded_len`] is given its
 //!   send count): a [`RecordUpdate`] is announced by version once pushed whole a few times.
 //!
@@ -147,30 +153,46 @@ struct Entry<T> {
 }
 
 impl<T> Entry<T> {
-    fn rank(&self) -> Rank {
-        rank(self.sends, self.seq)
+    fn rank(&self, order: Order) -> Rank {
+        rank(order, self.sends, self.seq)
     }
 }
 
-/// Position in the send order: fewest sends first, then newest first. Sequence numbers are
-/// unique among queued items, so a rank names one item. The send count is the high half and
-/// the sequence number, inverted, the low half, so that ranks sort in send order.
+/// The order in which a queue hands out its items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// Fewest sends first, newest first among equals: every item gets its first send before
+    /// any gets its second.
+    LeastSent,
+    /// Newest first: an item goes out in every datagram until its limit, whatever the backlog.
+    Newest,
+}
+
+/// Most sends counted per item; transmit limits are capped to it.
+const MAX_SENDS: u32 = 255;
+
+/// Position in the send order. Sequence numbers are unique among queued items, so a rank
+/// names one item. From the high bits: the send count again for [`Order::LeastSent`] (zero for
+/// [`Order::Newest`]), the sequence number inverted (newest first), then the send count,
+/// so that ranks sort in send order and the low byte gives the count back.
 type Rank = u64;
 
-fn rank(sends: u32, seq: u32) -> Rank {
-    (u64::from(sends) << 32) | u64::from(u32::MAX - seq)
+fn rank(order: Order, sends: u32, seq: u32) -> Rank {
+    let sends = sends.min(MAX_SENDS);
+    let first = if order == Order::LeastSent { sends } else { 0 };
+    (u64::from(first) << 40) | (u64::from(u32::MAX - seq) << 8) | u64::from(sends)
 }
 
 /// The send count of an item at `rank`.
 fn sends_at(rank: Rank) -> u32 {
-    (rank >> 32) as u32
+    (rank & 0xFF) as u32
 }
 
 /// After this many queued items in a row did not fit, [`BroadcastQueue::fill`] stops looking:
 /// the datagram is as good as full and scanning the whole queue would cost `O(m)`.
 const MAX_SKIPS: usize = 16;
 
-/// Bounded, least-sent-first queue of updates to piggyback; see the [module docs](self).
+/// Bounded queue of updates to piggyback, least-sent or newest first; see the [module docs](self).
 ///
 /// Every node of a large federation holds one, full during a join storm, so the items are kept
 /// once, in a slab, and both the key index and the send order point into it with slab numbers.
@@ -181,6 +203,7 @@ pub(crate) struct BroadcastQueue<T> {
     /// limit) instead of per doubling.
     decades: bool,
     capacity: usize,
+    order_by: Order,
     next_seq: u32,
     /// The queued items; `None` where `free` lists a hole.
     slab: Vec<Option<Entry<T>>>,
@@ -209,6 +232,7 @@ impl<T: Update> BroadcastQueue<T> {
             lambda: if lambda.is_finite() { lambda.max(0.0) } else { 0.0 },
             decades: false,
             capacity: capacity.max(1),
+            order_by: Order::LeastSent,
             next_seq: 0,
             slab: Vec::new(),
             free: Vec::new(),
@@ -225,10 +249,16 @@ impl<T: Update> BroadcastQueue<T> {
         BroadcastQueue { decades: true, ..BroadcastQueue::new(lambda, capacity) }
     }
 
+    /// The same queue, handing out its items in `order` ([`Order::LeastSent`] unless set).
+    pub(crate) fn in_order(self, order: Order) -> BroadcastQueue<T> {
+        debug_assert!(self.index.len() == 0, "set before anything is queued");
+        BroadcastQueue { order_by: order, ..self }
+    }
+
     /// Drops every queued item and gives back the room they took.
     pub(crate) fn clear(&mut self) {
-        let evicted = self.evicted;
-        *self = BroadcastQueue { decades: self.decades, evicted, ..BroadcastQueue::new(self.lambda, self.capacity) };
+        let (evicted, decades, order_by) = (self.evicted, self.decades, self.order_by);
+        *self = BroadcastQueue { decades, order_by, evicted, ..BroadcastQueue::new(self.lambda, self.capacity) };
     }
 
     /// How many times one item is sent in a cluster of `cluster_size` nodes (at least 1).
@@ -242,11 +272,12 @@ impl<T: Update> BroadcastQueue<T> {
         };
         let limit = (self.lambda * log).ceil();
         // `as` saturates floats into the integer's range.
-        (limit as u32).max(1)
+        (limit as u32).clamp(1, MAX_SENDS)
     }
 
     /// Queues `item`, replacing an older update for the same key or dropping `item` if the queued
-    /// one covers it. When the queue is full the most-sent item is evicted to make room.
+    /// one covers it. When the queue is full the last item in the send order (the most-sent, or
+    /// the oldest) is evicted to make room.
     pub(crate) fn push(&mut self, item: T) -> Queued {
         let key = item.key();
         if self.index.len() == 0 {
@@ -260,9 +291,9 @@ impl<T: Update> BroadcastQueue<T> {
             if e.item.covers(&item) {
                 return Queued::Stale;
             }
-            self.order.remove(&e.rank());
+            self.order.remove(&e.rank(self.order_by));
             *e = Entry { item, sends: 0, seq };
-            self.order.insert(rank(0, seq), at);
+            self.order.insert(rank(self.order_by, 0, seq), at);
             self.next_seq += 1;
             return Queued::Replaced;
         }
@@ -275,7 +306,7 @@ impl<T: Update> BroadcastQueue<T> {
         let at = crate::slab_insert(&mut self.slab, &mut self.free, Entry { item, sends: 0, seq });
         let slab = &self.slab;
         self.index.insert(key, at, |n| key_in(slab, n));
-        self.order.insert(rank(0, seq), at);
+        self.order.insert(rank(self.order_by, 0, seq), at);
         self.next_seq += 1;
         Queued::Added
     }
@@ -291,14 +322,14 @@ impl<T: Update> BroadcastQueue<T> {
         for (_, at) in queued {
             if let Some(e) = self.slab[at as usize].as_mut() {
                 e.seq = self.next_seq;
-                self.order.insert(e.rank(), at);
+                self.order.insert(e.rank(self.order_by), at);
                 self.next_seq += 1;
             }
         }
     }
 
-    /// Picks updates to piggyback into `budget` free bytes of a datagram, fewest-sent first and
-    /// newest first among equals, skipping any that no longer fit; calls `take` with each in that
+    /// Picks updates to piggyback into `budget` free bytes of a datagram in the queue's
+    /// [`Order`], skipping any that no longer fit; calls `take` with each in that
     /// order, with the times it was handed out before, and returns the bytes they use (never
     /// more than `budget`).
     ///
@@ -317,11 +348,17 @@ impl<T: Update> BroadcastQueue<T> {
         let mut used = 0;
         let mut skips = 0;
         let mut picked: Vec<(Rank, u32)> = Vec::new();
+        let mut spent: Vec<(Rank, u32)> = Vec::new();
         for (rank, &at) in &self.order {
             if budget - used == 0 || skips == MAX_SKIPS {
                 break;
             }
             let Some(e) = self.slab[at as usize].as_ref() else { continue };
+            if e.sends >= limit {
+                // Newest first keeps an item over a shrunken cluster's limit anywhere in the order.
+                spent.push((*rank, at));
+                continue;
+            }
             let len = e.item.encoded_len(e.sends);
             if len > budget - used {
                 skips += 1;
@@ -332,6 +369,10 @@ impl<T: Update> BroadcastQueue<T> {
             take(&e.item, e.sends);
             picked.push((*rank, at));
         }
+        for (was, at) in spent {
+            self.order.remove(&was);
+            self.vacate(at);
+        }
         for (was, at) in picked {
             self.order.remove(&was);
             let sends = sends_at(was).saturating_add(1);
@@ -339,7 +380,7 @@ impl<T: Update> BroadcastQueue<T> {
                 self.vacate(at);
             } else if let Some(e) = self.slab[at as usize].as_mut() {
                 e.sends = sends;
-                self.order.insert(e.rank(), at);
+                self.order.insert(e.rank(self.order_by), at);
             }
         }
         self.release_if_empty();
@@ -350,7 +391,7 @@ impl<T: Update> BroadcastQueue<T> {
     pub(crate) fn remove(&mut self, key: &NodeId) -> Option<T> {
         let at = self.position(key)?;
         let e = self.vacate(at)?;
-        self.order.remove(&e.rank());
+        self.order.remove(&e.rank(self.order_by));
         self.release_if_empty();
         Some(e.item)
     }
@@ -554,7 +595,7 @@ mod tests {
         assert_eq!(q.transmit_limit(10_000), 20);
         assert_eq!(BroadcastQueue::<Up>::new(f64::NAN, 1).transmit_limit(1000), 1);
         assert_eq!(BroadcastQueue::<Up>::new(f64::INFINITY, 1).transmit_limit(1000), 1);
-        assert_eq!(BroadcastQueue::<Up>::new(1e300, 1).transmit_limit(1000), u32::MAX);
+        assert_eq!(BroadcastQueue::<Up>::new(1e300, 1).transmit_limit(1000), MAX_SENDS, "capped");
     }
 
     #[test]
@@ -581,6 +622,28 @@ mod tests {
         assert_eq!(fill_all(&mut q, 10, 10), vec![up(1, 0, 10)], "then the one sent less");
         q.push(up(3, 0, 10));
         assert_eq!(fill_all(&mut q, 25, 10), vec![up(3, 0, 10), up(2, 0, 10)]);
+    }
+
+    #[test]
+    fn newest_first_sends_a_new_item_to_its_limit_before_the_backlog_and_evicts_the_oldest() {
+        let mut q = BroadcastQueue::new(1.0, 3).in_order(Order::Newest);
+        q.push(up(1, 0, 10));
+        q.push(up(2, 0, 10));
+        // Three nodes: ceil(log2 4) = 2 sends each.
+        assert_eq!(fill_all(&mut q, 10, 3), vec![up(2, 0, 10)]);
+        q.push(up(3, 0, 10));
+        assert_eq!(fill_all(&mut q, 10, 3), vec![up(3, 0, 10)], "the newest, unsent items behind it");
+        assert_eq!(fill_all(&mut q, 10, 3), vec![up(3, 0, 10)], "again, to its limit");
+        assert_eq!(q.get(&NodeId::from_u64(3)), None, "then it leaves");
+        q.push(up(4, 0, 10));
+        q.push(up(5, 0, 10));
+        assert_eq!(q.get(&NodeId::from_u64(1)), None, "full: the oldest made room, though sent least");
+        assert_eq!(q.evicted(), 1);
+        assert_eq!(fill_all(&mut q, 30, 3), vec![up(5, 0, 10), up(4, 0, 10), up(2, 0, 10)]);
+        // Items over a shrunken cluster's limit leave unsent, wherever they stand.
+        q.push(up(6, 0, 10));
+        assert_eq!(fill_all(&mut q, 30, 1), vec![up(6, 0, 10)]);
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -700,9 +763,11 @@ mod tests {
         fn fill_respects_budget_supersession_limits_order_and_capacity(
             lambda in 0.5f64..3.0,
             capacity in 1usize..8,
+            newest in any::<bool>(),
             ops in prop::collection::vec(op(), 1..80),
         ) {
-            let mut q = BroadcastQueue::new(lambda, capacity);
+            let order = if newest { Order::Newest } else { Order::LeastSent };
+            let mut q = BroadcastQueue::new(lambda, capacity).in_order(order);
             // The newest update pushed per key that was not stale, and how often each was sent.
             let mut latest: std::collections::HashMap<u64, u32> = Default::default();
             let mut sent: std::collections::HashMap<(u64, u32), u32> = Default::default();
@@ -735,7 +800,7 @@ mod tests {
                             *c += 1;
                             prop_assert!(*c <= limit, "sent {} times, limit {}", c, limit);
                         }
-                        // Greedy least-sent-first: any skipped item ranked before the last picked
+                        // Greedy in the send order: any skipped item ranked before the last picked
                         // one did not fit what was left when its turn came.
                         let picked: Vec<NodeId> = out.iter().map(|u| u.key()).collect();
                         let order_of_picks: Vec<NodeId> =

@@ -111,7 +111,7 @@
 //! [`Piggyback::Have`]: crate::wire::Piggyback::Have
 
 use crate::answers::Answers;
-use crate::broadcast::{BroadcastQueue, RecordUpdate};
+use crate::broadcast::{BroadcastQueue, Order, RecordUpdate};
 use crate::id::NodeId;
 use crate::intern::Encoding;
 use crate::node::Node;
@@ -235,7 +235,7 @@ impl Membership {
         let detector = Swim::new(local, settings.detector.clone(), rng_seed ^ 0x5157_494d, now);
         let lambda = f64::from(settings.retransmit_mult);
         Membership {
-            records: BroadcastQueue::per_decade(lambda, settings.queue_capacity),
+            records: BroadcastQueue::per_decade(lambda, settings.queue_capacity).in_order(Order::Newest),
             suspicions: BroadcastQueue::new(lambda, settings.queue_capacity),
             suspects: BTreeSet::new(),
             next_notice: now,
