@@ -145,7 +145,7 @@ pub use record::{
     MAX_ADDR, MAX_MODELS, MAX_MODEL_NAME,
 };
 pub use replica::{Merged, Replica, Serving, Slot};
-pub use swim::{SwimConfig, SwimConfigError};
+pub use swim::{SwimConfig, SwimConfigError, MOST_CONFIRMATIONS};
 pub use time::Time;
 pub use wire::{DecodeError, MAX_DATAGRAM, WIRE_VERSION};
 

@@ -106,7 +106,7 @@ mod probe;
 mod suspicion;
 mod vouching;
 pub(crate) use config::suspicion_timeout;
-pub use config::{SwimConfig, SwimConfigError};
+pub use config::{SwimConfig, SwimConfigError, MOST_CONFIRMATIONS};
 
 /// A message the caller must send or an update it must spread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +245,6 @@ impl Swim {
         self.members.heap_bytes(heap);
         heap.probe_order += array::<u32>(self.order.capacity());
         heap.suspicions += hash_table::<(NodeId, Suspicion)>(self.suspected.capacity())
-            + self.suspected.values().map(|s| array::<NodeId>(s.suspecters.capacity())).sum::<u64>()
             + btree::<(Time, NodeId)>(self.suspicions.len())
             + hash_table::<(NodeId, NodeId)>(self.vouchers.capacity())
             + btree::<(NodeId, Time)>(self.leases.len());
@@ -1031,7 +1030,7 @@ mod tests {
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
             match self.members.get(&Numbered, &id).expect("a member").standing {
-                Standing::Suspect => self.suspected[&id].deadline(),
+                Standing::Suspect => self.suspected[&id].deadline(&self.config),
                 _ => Time::NEVER,
             }
         }
@@ -1059,7 +1058,7 @@ mod tests {
                 .members
                 .iter()
                 .filter_map(|(n, m)| match m.standing {
-                    Standing::Suspect => Some((self.suspected.get(&dir.id(n))?.deadline(), dir.id(n))),
+                    Standing::Suspect => Some((self.suspected.get(&dir.id(n))?.deadline(&self.config), dir.id(n))),
                     _ => None,
                 })
                 .collect();

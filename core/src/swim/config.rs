@@ -3,6 +3,11 @@
 use crate::broadcast::{log2_fixed, LOG2_ONE};
 use core::time::Duration;
 
+/// The most confirmations a suspicion counts ([`SwimConfig::suspicion_confirmations`]):
+/// Lifeguard's own value. Each suspicion holds its suspecters inline, and a cut at 10,000 nodes
+/// holds 22 million suspicions at once.
+pub const MOST_CONFIRMATIONS: u32 = 3;
+
 /// Failure detector settings. [`SwimConfig::default`] gives memberlist's LAN values.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwimConfig {
@@ -16,7 +21,8 @@ pub struct SwimConfig {
     pub suspicion_min_periods: u32,
     /// Longest suspicion, in protocol periods per decade of cluster size (`beta`).
     pub suspicion_max_periods: u32,
-    /// Independent confirmations that shrink a suspicion to its shortest (`K` in Lifeguard).
+    /// Independent confirmations that shrink a suspicion to its shortest (`K` in Lifeguard), at
+    /// most [`MOST_CONFIRMATIONS`].
     pub suspicion_confirmations: u32,
     /// Highest local health multiplier; timeouts stretch up to `max_health + 1` times.
     pub max_health: u8,
@@ -58,6 +64,9 @@ impl SwimConfig {
                 max: self.suspicion_max_periods,
             });
         }
+        if self.suspicion_confirmations > MOST_CONFIRMATIONS {
+            return Err(SwimConfigError::Confirmations { confirmations: self.suspicion_confirmations });
+        }
         if self.vouch_lease < self.protocol_period {
             return Err(SwimConfigError::VouchLease { lease: self.vouch_lease, period: self.protocol_period });
         }
@@ -72,6 +81,7 @@ impl SwimConfig {
         }
         self.suspicion_min_periods = self.suspicion_min_periods.max(1);
         self.suspicion_max_periods = self.suspicion_max_periods.max(self.suspicion_min_periods);
+        self.suspicion_confirmations = self.suspicion_confirmations.min(MOST_CONFIRMATIONS);
         self.vouch_lease = self.vouch_lease.max(self.protocol_period);
         self
     }
@@ -113,6 +123,12 @@ pub enum SwimConfigError {
         min: u32,
         /// The configured maximum.
         max: u32,
+    },
+    /// More confirmations than a suspicion can count.
+    #[error("suspicion_confirmations ({confirmations}) must be at most {MOST_CONFIRMATIONS}")]
+    Confirmations {
+        /// The configured confirmations.
+        confirmations: u32,
     },
     /// A lease shorter than a period would suspect members between two pings.
     #[error("vouch_lease ({lease:?}) must be at least protocol_period ({period:?})")]
@@ -158,6 +174,10 @@ mod tests {
         c = config();
         c.suspicion_max_periods = 1;
         assert!(matches!(c.validate(), Err(SwimConfigError::SuspicionBounds { .. })));
+        c = config();
+        c.suspicion_confirmations = MOST_CONFIRMATIONS + 1;
+        assert!(c.validate().unwrap_err().to_string().contains("suspicion_confirmations (4) must be at most 3"));
+        assert_eq!(c.clone().clamped().suspicion_confirmations, MOST_CONFIRMATIONS);
         c = config();
         c.protocol_period = Duration::ZERO;
         assert_eq!(c.validate(), Err(SwimConfigError::ZeroPeriod));

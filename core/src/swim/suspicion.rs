@@ -2,31 +2,76 @@
 //! suspecters, refuted by a higher incarnation, and confirmed as failures when their Lifeguard
 //! timeout runs out ([module docs](super), points 3 and 4).
 
-use super::{suspicion_timeout, Action, Event, Member, Rumor, Standing, Swim};
+use super::{suspicion_timeout, Action, Event, Member, Rumor, Standing, Swim, SwimConfig};
 use crate::id::{Directory, NodeId};
 use crate::time::Time;
-use core::time::Duration;
 
 /// A running suspicion. Its deadline is computed from the fields ([`Suspicion::deadline`]) and
 /// keys [`Swim::suspicions`], so the fields change only between taking the key out and putting
 /// it back.
+///
+/// A cut at 10,000 nodes holds 22 million of these at once (every node on each side suspects
+/// every member of the other), so a suspicion holds what its deadline needs and no more: the
+/// cluster size when it began (Lifeguard's bounds and expected confirmations follow from it and
+/// the configuration) and the suspecters as fingerprints, inline.
 #[derive(Clone, Debug)]
 pub(super) struct Suspicion {
     started: Time,
-    /// Lifeguard's bounds for the cluster size when it began, in microseconds (what
-    /// [`SwimConfig::suspicion_bounds`](super::SwimConfig::suspicion_bounds) gives, exactly):
-    /// half the bytes of two `Duration`s, for the millions of suspicions a cut raises.
-    min_micros: u64,
-    max_micros: u64,
-    expected: u32,
-    /// The first suspecter, then each independent confirmer (at most `expected` of them).
-    pub(super) suspecters: Vec<NodeId>,
+    /// The cluster size when it began, for [`SwimConfig::suspicion_bounds`](super::SwimConfig::suspicion_bounds).
+    cluster_size: u32,
+    /// The first suspecter, then each independent confirmer (at most
+    /// [`SwimConfig::suspicion_confirmations`](super::SwimConfig::suspicion_confirmations) of
+    /// them), as [`Suspecters::print`]s.
+    suspecters: Suspecters,
     /// This node's own probe (or lease) of the member failed too.
     witnessed: bool,
 }
 
-// A cut at 10,000 nodes holds 22 million of these: keep them from growing unnoticed.
-const _: () = assert!(core::mem::size_of::<Suspicion>() <= 56);
+// Keep them from growing unnoticed (the id keying each one adds 16 bytes in the table).
+const _: () = assert!(core::mem::size_of::<Suspicion>() <= 32);
+
+/// Who raised a suspicion and who confirmed it, as fingerprints of their ids: the suspicion
+/// only needs to count them and to tell whether a suspecter is new. Two suspecters whose ids
+/// share a fingerprint (a chance of one in 2^32 for random ids) count as one: a confirmation
+/// missed, so a timeout a little longer, never a shorter one.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Suspecters {
+    /// The fingerprints in the order heard; 0 marks an empty place (no fingerprint is 0).
+    prints: [u32; MOST_SUSPECTERS],
+}
+
+/// The first suspecter and up to [`MOST_CONFIRMATIONS`](super::config::MOST_CONFIRMATIONS)
+/// confirmers.
+const MOST_SUSPECTERS: usize = super::config::MOST_CONFIRMATIONS as usize + 1;
+
+impl Suspecters {
+    /// The low 32 bits of the id, moved up by one so that no fingerprint is 0 (ids numbered
+    /// from 0 up keep distinct fingerprints below 2^32 - 1).
+    fn print(id: &NodeId) -> u32 {
+        (id.short() as u32).wrapping_add(1).max(1)
+    }
+
+    fn first(id: &NodeId) -> Suspecters {
+        let mut s = Suspecters::default();
+        s.push(id);
+        s
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.prints.iter().take_while(|&&p| p != 0).count()
+    }
+
+    fn contains(&self, id: &NodeId) -> bool {
+        self.prints.contains(&Suspecters::print(id))
+    }
+
+    /// Adds `id`; one more than there is room for is not kept.
+    fn push(&mut self, id: &NodeId) {
+        if let Some(place) = self.prints.iter_mut().find(|p| **p == 0) {
+            *place = Suspecters::print(id);
+        }
+    }
+}
 
 impl Suspicion {
     /// When the suspicion runs out here. A witness waits Lifeguard's timeout, shortened by the
@@ -34,13 +79,23 @@ impl Suspicion {
     /// which the DOWN mark of a witness has normally reached it. Were every node to confirm at
     /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
     /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
-    pub(super) fn deadline(&self) -> Time {
-        let (min, max) = (Duration::from_micros(self.min_micros), Duration::from_micros(self.max_micros));
+    pub(super) fn deadline(&self, config: &SwimConfig) -> Time {
+        let (min, max) = config.suspicion_bounds(self.cluster_size as usize);
         if !self.witnessed {
             return self.started + max;
         }
         let confirmations = u32::try_from(self.suspecters.len() - 1).unwrap_or(u32::MAX);
-        self.started + suspicion_timeout(min, max, confirmations, self.expected)
+        self.started + suspicion_timeout(min, max, confirmations, expected_confirmations(config, self.cluster_size))
+    }
+}
+
+/// Lifeguard: expect K confirmations only where K other members could give them.
+fn expected_confirmations(config: &SwimConfig, cluster_size: u32) -> u32 {
+    let k = config.suspicion_confirmations;
+    if cluster_size.saturating_sub(2) < k {
+        0
+    } else {
+        k
     }
 }
 
@@ -110,11 +165,7 @@ impl Swim {
 
     fn raise_suspicion(&mut self, dir: &impl Directory, id: NodeId, incarnation: u64, from: NodeId) -> Rumor {
         let now = self.now;
-        let n = self.cluster_size();
-        let (min, max) = self.config.suspicion_bounds(n);
-        // Lifeguard: expect K confirmations only where K other members could give them.
-        let k = self.config.suspicion_confirmations;
-        let expected = if n.saturating_sub(2) < k as usize { 0 } else { k };
+        let cluster_size = u32::try_from(self.cluster_size()).unwrap_or(u32::MAX);
         let witness = from == self.local;
         let Some(m) = self.members.get_mut(dir, &id) else { return Rumor::Drop };
         if incarnation < m.incarnation() {
@@ -133,16 +184,17 @@ impl Swim {
             Standing::Confirmed => Rumor::Drop,
             Standing::Suspect => {
                 let Some(s) = self.suspected.get_mut(&id) else { return Rumor::Drop };
-                let news = !s.suspecters.contains(&from) && s.suspecters.len() <= s.expected as usize;
+                let expected = expected_confirmations(&self.config, s.cluster_size);
+                let news = !s.suspecters.contains(&from) && s.suspecters.len() <= expected as usize;
                 if !news && (!witness || s.witnessed) {
                     return Rumor::Drop;
                 }
-                self.suspicions.remove(&(s.deadline(), id));
+                self.suspicions.remove(&(s.deadline(&self.config), id));
                 if news {
-                    s.suspecters.push(from);
+                    s.suspecters.push(&from);
                 }
                 s.witnessed |= witness;
-                self.suspicions.insert((s.deadline(), id));
+                self.suspicions.insert((s.deadline(&self.config), id));
                 if news {
                     Rumor::Spread
                 } else {
@@ -151,16 +203,9 @@ impl Swim {
             }
             Standing::Alive => {
                 m.standing = Standing::Suspect;
-                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                let suspicion = Suspicion {
-                    started: now,
-                    min_micros: micros(min),
-                    max_micros: micros(max),
-                    expected,
-                    suspecters: vec![from],
-                    witnessed: witness,
-                };
-                self.suspicions.insert((suspicion.deadline(), id));
+                let suspicion =
+                    Suspicion { started: now, cluster_size, suspecters: Suspecters::first(&from), witnessed: witness };
+                self.suspicions.insert((suspicion.deadline(&self.config), id));
                 self.suspected.insert(id, suspicion);
                 self.events.push_back(Event::Suspect(id));
                 Rumor::Spread
@@ -203,7 +248,7 @@ impl Swim {
     /// Drops the suspicion of `id`, if any, with its deadline.
     pub(super) fn lift_suspicion(&mut self, id: NodeId) {
         if let Some(s) = self.forget_suspicion(&id) {
-            self.suspicions.remove(&(s.deadline(), id));
+            self.suspicions.remove(&(s.deadline(&self.config), id));
         }
     }
 
@@ -233,5 +278,25 @@ impl Swim {
             self.probe = None;
         }
         self.events.push_back(Event::Confirm(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suspecters_are_counted_and_known_again_and_the_room_is_not_overrun() {
+        let id = NodeId::from_u64;
+        // Id 0's fingerprint is not the mark of an empty place.
+        let mut s = Suspecters::first(&id(0));
+        assert_eq!(s.len(), 1);
+        assert!(s.contains(&id(0)) && !s.contains(&id(1)));
+        for n in 1..10 {
+            s.push(&id(n));
+        }
+        assert_eq!(s.len(), MOST_SUSPECTERS);
+        assert!((0..MOST_SUSPECTERS as u64).all(|n| s.contains(&id(n))));
+        assert!(!s.contains(&id(MOST_SUSPECTERS as u64)));
     }
 }
