@@ -88,6 +88,8 @@ pub(crate) struct AntiEntropy {
     served: u32,
     /// When the next exchange with a member held DOWN is due.
     next_reconnect: Time,
+    /// When the next regular round is due (see [`Node::sync_round`]); none before the first.
+    next_regular: Option<Time>,
 }
 
 impl Node {
@@ -102,23 +104,42 @@ impl Node {
         }
     }
 
-    /// The anti-entropy timer fired: ages tombstones, then runs an exchange with the follow-up
-    /// peer or a random live one, and every [`RECONNECT_INTERVAL`], one with a
-    /// member held DOWN.
+    /// The anti-entropy timer fired, for a regular round or for a follow-up. A regular round
+    /// ages tombstones, then runs an exchange with the follow-up peer or a random live one,
+    /// and every [`RECONNECT_INTERVAL`], one with a member held DOWN; a follow-up runs only
+    /// the exchange with its peer.
+    ///
+    /// A node's first regular round comes early (within ten gossip rounds of its start, so
+    /// that a joining node has the registry soon); the one after it at a random point between
+    /// half and one and a half intervals later, and from there every interval on the dot,
+    /// follow-ups in between moving nothing. Nodes started together (a formed federation, a
+    /// job array) thus spread their exchanges over the whole interval, and the follow-ups that
+    /// every node runs after a healed cut do not line their rounds up again: either made every
+    /// node run its exchange, which after a heal carries differences, in the same second of
+    /// every interval.
     pub(crate) fn sync_round(&mut self, interval: Duration, tombstone_ttl: Duration) {
-        let detector = &mut self.membership.detector;
-        self.replica.collect_tombstones(self.now, tombstone_ttl, |from, to| detector.renumber(from, to));
-        let peer = self.sync.follow_up.take().or_else(|| self.pick_peers(1).pop());
+        let regular = self.sync.next_regular.map_or(true, |at| self.now >= at);
+        if regular {
+            let detector = &mut self.membership.detector;
+            self.replica.collect_tombstones(self.now, tombstone_ttl, |from, to| detector.renumber(from, to));
+        }
+        let peer = self.sync.follow_up.take().or_else(|| if regular { self.pick_peers(1).pop() } else { None });
         if let Some(peer) = peer {
             self.start_sync(peer);
         }
-        if self.now >= self.sync.next_reconnect {
+        if regular && self.now >= self.sync.next_reconnect {
             self.sync.next_reconnect = self.now + RECONNECT_INTERVAL;
             if let Some(down) = self.down_peer().filter(|d| Some(*d) != peer) {
                 self.start_sync(down);
             }
         }
-        self.timers.set(Timer::AntiEntropy, self.now + interval);
+        let next = match self.sync.next_regular {
+            Some(at) if !regular => at,
+            Some(at) => (at + interval).max(self.now + interval / 2),
+            None => self.now + interval / 2 + self.jitter(interval),
+        };
+        self.sync.next_regular = Some(next);
+        self.timers.set(Timer::AntiEntropy, next);
     }
 
     /// A random member held DOWN in its current generation that this node can reach.
@@ -308,5 +329,48 @@ mod tests {
         for n in 0..5_000 {
             assert!(bucket_count(n, full).is_power_of_two() && bucket_count(n, 256).is_power_of_two());
         }
+    }
+
+    #[test]
+    fn nodes_started_together_spread_their_rounds_and_follow_ups_keep_them() {
+        use crate::harness::Harness;
+        use crate::{Config, Reachability};
+        let mut h = Harness::new(7);
+        let ids: Vec<NodeId> = (1..=80).map(NodeId::from_u64).collect();
+        for &id in &ids {
+            let mut c = Config::new(id, 1);
+            c.reach = Reachability::Public(format!("node{id}"));
+            h.add(c);
+        }
+        for &id in &ids[1..] {
+            h.connect(ids[0], id);
+        }
+        // Every joiner's first exchange brings it the registry in follow-ups.
+        h.run_for(Duration::from_secs(12));
+        let interval = crate::membership::MembershipSettings::default().anti_entropy_interval.as_micros() as u64;
+        let phase = |h: &Harness, id: NodeId| h.node(id).sync.next_regular.expect("ran a round").as_micros() % interval;
+        let phases: Vec<u64> = ids.iter().map(|&id| phase(&h, id)).collect();
+        let mut per_second = [0usize; 10];
+        for p in &phases {
+            per_second[(p * 10 / interval) as usize] += 1;
+        }
+        assert!(per_second.iter().all(|&n| n <= ids.len() / 4), "rounds spread over the interval: {per_second:?}");
+        // A cut long enough for each side to hold the other DOWN, and its heal: the exchanges
+        // across it find the other side's records and run in follow-ups.
+        for &a in &ids[..40] {
+            for &b in &ids[40..] {
+                h.cut(a, b);
+            }
+        }
+        h.run_for(Duration::from_secs(40));
+        h.heal();
+        let mut followed_up = 0;
+        for _ in 0..300 {
+            h.run_for(Duration::from_millis(100));
+            followed_up += ids.iter().filter(|&&id| h.node(id).sync.follow_up.is_some()).count();
+        }
+        assert!(followed_up > 0, "the heal ran follow-ups");
+        let later: Vec<u64> = ids.iter().map(|&id| phase(&h, id)).collect();
+        assert_eq!(phases, later, "follow-ups moved no node's rounds");
     }
 }
