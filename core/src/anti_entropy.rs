@@ -334,17 +334,8 @@ mod tests {
     #[test]
     fn nodes_started_together_spread_their_rounds_and_follow_ups_keep_them() {
         use crate::harness::Harness;
-        use crate::{Config, Reachability};
         let mut h = Harness::new(7);
-        let ids: Vec<NodeId> = (1..=80).map(NodeId::from_u64).collect();
-        for &id in &ids {
-            let mut c = Config::new(id, 1);
-            c.reach = Reachability::Public(format!("node{id}"));
-            h.add(c);
-        }
-        for &id in &ids[1..] {
-            h.connect(ids[0], id);
-        }
+        let ids = h.public_star(80, |_| {});
         // Every joiner's first exchange brings it the registry in follow-ups.
         h.run_for(Duration::from_secs(12));
         let interval = crate::membership::MembershipSettings::default().anti_entropy_interval.as_micros() as u64;

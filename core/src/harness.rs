@@ -180,6 +180,22 @@ impl Harness {
         id
     }
 
+    /// Starts nodes `1..=n`, public, each configured by `configure`, and connects every other
+    /// one to node 1 (as nodes that joined through it); returns their ids in order.
+    pub fn public_star(&mut self, n: u64, configure: impl Fn(&mut Config)) -> Vec<NodeId> {
+        let ids: Vec<NodeId> = (1..=n).map(NodeId::from_u64).collect();
+        for &id in &ids {
+            let mut c = Config::new(id, 1);
+            c.reach = crate::Reachability::Public(format!("node{id}"));
+            configure(&mut c);
+            self.add(c);
+        }
+        for &id in &ids[1..] {
+            self.connect(ids[0], id);
+        }
+        ids
+    }
+
     /// Tells both nodes a connection between them is up, as after `b` dialled `a`.
     pub fn connect(&mut self, a: NodeId, b: NodeId) {
         self.input(a, Input::PeerConnected(b));

@@ -402,15 +402,7 @@ mod tests {
     fn idle_rounds_set_no_wake_and_news_wakes_them_on_the_round_grid() {
         use crate::harness::Harness;
         let mut h = Harness::new(3);
-        let ids: Vec<NodeId> = (1..=4).map(NodeId::from_u64).collect();
-        for &id in &ids {
-            let mut c = Config::new(id, 1);
-            c.reach = Reachability::Public(format!("node{id}"));
-            h.add(c);
-        }
-        for &id in &ids[1..] {
-            h.connect(ids[0], id);
-        }
+        let ids = h.public_star(4, |_| {});
         h.run_for(core::time::Duration::from_secs(20));
         let grid =
             |n: &Node| n.membership.next_round.as_micros() % n.membership.settings.gossip_interval.as_micros() as u64;
@@ -452,16 +444,7 @@ mod tests {
         use crate::harness::Harness;
         use core::time::Duration;
         let mut h = Harness::new(5);
-        let ids: Vec<NodeId> = (1..=6).map(NodeId::from_u64).collect();
-        for &id in &ids {
-            let mut c = Config::new(id, 1);
-            c.reach = Reachability::Public(format!("node{id}"));
-            c.membership.tombstone_ttl = Duration::from_secs(20);
-            h.add(c);
-        }
-        for &id in &ids[1..] {
-            h.connect(ids[0], id);
-        }
+        let ids = h.public_star(6, |c| c.membership.tombstone_ttl = Duration::from_secs(20));
         h.run_for(Duration::from_secs(10));
         let down = |h: &Harness, who: NodeId| {
             h.running().all(|n| h.node(n).replica().get(&who).is_none_or(|s| s.record().state >= Lifecycle::Down))
