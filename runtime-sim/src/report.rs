@@ -203,6 +203,7 @@ impl Report {
                 in_flight: t.drain_in_flight,
                 completed: t.drain_completed,
                 failed: t.drain_failed,
+                gateway_lost: t.drain_gateway_lost,
                 unfinished: drain_unfinished,
                 completion_percent: if answered == 0 {
                     100.0

@@ -178,6 +178,8 @@ pub(crate) struct Trackers {
     pub drain_in_flight: u64,
     pub drain_completed: u64,
     pub drain_failed: u64,
+    /// Of the drains' failed requests, those whose gateway died (the client's side went).
+    pub drain_gateway_lost: u64,
     pub drain_by_cause: [DrainCount; 3],
     /// Why each host that is draining (or about to) drains; absent: its walltime.
     pub drain_cause: std::collections::BTreeMap<u32, DrainCause>,

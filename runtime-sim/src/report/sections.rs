@@ -123,6 +123,9 @@ pub struct Drain {
     pub completed: u64,
     /// Of those, failed (their node was killed, or their gateway died, before they ended).
     pub failed: u64,
+    /// Of the failed, those whose gateway died: the client's connection went with it, which no
+    /// drain can help.
+    pub gateway_lost: u64,
     /// Of those, still streaming when the run ended.
     pub unfinished: u64,
     /// In-flight completion: completed ÷ (completed + failed), in percent (100 with none).
@@ -182,12 +185,14 @@ impl Drain {
     /// One line on the in-flight completion.
     pub fn line(&self) -> String {
         format!(
-            "drains {}: {} requests in flight, {} completed, {} failed, {} unfinished: in-flight completion {:.2}% \
+            "drains {}: {} requests in flight, {} completed, {} failed ({} with their gateway), {} unfinished: \
+             in-flight completion {:.2}% \
              (walltime {}/{}, preemption {}/{}, spinner release {}/{})",
             self.drains,
             self.in_flight,
             self.completed,
             self.failed,
+            self.gateway_lost,
             self.unfinished,
             self.completion_percent,
             self.walltime.completed,

@@ -177,6 +177,9 @@ impl Sim {
         let gw_alive =
             self.hosts[req.gateway as usize].running() && self.hosts[req.gateway as usize].job == req.gateway_job;
         self.hosts[req.gateway as usize].add_load(req.node, -1);
+        if !gw_alive && req.drain.is_some() {
+            self.trace_drain_failure(r, "its gateway is gone");
+        }
         let host = &mut self.hosts[req.node as usize];
         host.in_flight.retain(|x| *x != r);
         let load = Load { in_flight: host.in_flight.len() as u32, queued: 0 };
@@ -190,6 +193,7 @@ impl Sim {
             self.t.failed += 1;
             if let Some(cause) = req.drain {
                 self.t.drain_failed += 1;
+                self.t.drain_gateway_lost += 1;
                 self.t.drain_by_cause[cause as usize].failed += 1;
             }
         }
@@ -214,11 +218,35 @@ impl Sim {
         self.t.failed += 1;
         self.t.mid_stream += 1;
         if let Some(cause) = drain {
+            self.trace_drain_failure(r, "its node stopped");
             self.t.drain_failed += 1;
             self.t.drain_by_cause[cause as usize].failed += 1;
         }
         if let Some(m) = spin_model {
             self.spin_request_over(m);
         }
+    }
+
+    /// With `TELA_SIM_TRACE`: why a request caught in a drain did not complete.
+    fn trace_drain_failure(&self, r: u32, why: &str) {
+        if !self.t.tracing {
+            return;
+        }
+        let req = &self.t.requests[r as usize];
+        let (node, gw) = (&self.hosts[req.node as usize], &self.hosts[req.gateway as usize]);
+        eprintln!(
+            "drain-failed at {} ms: request {r} at node {} ({:?}, job {} of {}) through gateway {} \
+             (running {}, job {} of {}), caught in a {:?} drain: {why}",
+            self.now / 1000,
+            id_of(req.node),
+            node.state,
+            node.job,
+            req.node_job,
+            id_of(req.gateway),
+            gw.running(),
+            gw.job,
+            req.gateway_job,
+            req.drain,
+        );
     }
 }
