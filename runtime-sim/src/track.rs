@@ -509,6 +509,14 @@ impl Trackers {
             if d.remaining == 0 && !d.routed_around {
                 d.routed_around = true;
                 self.detection_ms.push((now - d.t0) as f64 / 1e3);
+                if self.tracing {
+                    eprintln!(
+                        "detected: node {} killed at {} ms, routed around by every node after {} ms",
+                        crate::sim::id_of(d.victim),
+                        d.t0 / 1000,
+                        (now - d.t0) / 1000
+                    );
+                }
             }
             if d.routed_around && d.registries_waiting.is_empty() {
                 self.detections.swap_remove(i);
