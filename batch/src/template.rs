@@ -90,7 +90,8 @@ pub struct JobTemplate {
     pub join_secret_file: String,
     /// The engine command, with placeholders.
     pub engine_cmd: String,
-    /// The engine's port; `None`: `20000 + job id mod 10000`, so that jobs sharing a host
+    /// The engine's port; `None`: the first free one from `20000 + job id mod 10000`
+    /// (`tela node --print-free-port`), so that jobs sharing a host, and other services on it,
     /// do not collide.
     pub engine_port: Option<u16>,
     /// How long before the time limit the node starts draining.
@@ -298,7 +299,9 @@ impl JobTemplate {
         match self.engine_port {
             Some(port) => s.push_str(&format!("export TELA_ENGINE_PORT={port}\n")),
             None => s.push_str(&format!(
-                "export TELA_ENGINE_PORT=$(( {ENGINE_PORT_BASE} + SLURM_JOB_ID % {ENGINE_PORT_SPAN} ))\n"
+                "TELA_ENGINE_PORT=$(\"$TELA\" node --print-free-port $(( {ENGINE_PORT_BASE} + SLURM_JOB_ID % {ENGINE_PORT_SPAN} ))) \\\n\
+                 \x20   || {{ echo \"tela: no free port for the engine\" >&2; exit 1; }}\n\
+                 export TELA_ENGINE_PORT\n"
             )),
         }
         s.push_str("export TELA_BACKEND_URL=\"http://127.0.0.1:$TELA_ENGINE_PORT\"\n");
@@ -430,7 +433,8 @@ mod tests {
             "export HF_HOME='/scratch/hf cache'",
             "TELA='/opt/tela/bin/tela'",
             "export TELA_IDENTITY=\"$TELA_JOB_DIR/identity.key\"",
-            "export TELA_ENGINE_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))",
+            "TELA_ENGINE_PORT=$(\"$TELA\" node --print-free-port $(( 20000 + SLURM_JOB_ID % 10000 )))",
+            "export TELA_ENGINE_PORT",
             "NODE_ID=$(\"$TELA\" node --print-id)",
             "scontrol update JobId=\"$SLURM_JOB_ID\" Comment=\"tela-node=$NODE_ID\" \\",
             "trap 'forward USR1' USR1",

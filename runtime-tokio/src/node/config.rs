@@ -166,6 +166,12 @@ pub struct NodeArgs {
     /// is none, and exit. Job scripts use it to name the node in the job's comment.
     #[arg(long)]
     pub print_id: bool,
+
+    /// Print the first TCP port from PORT upward (at most 1,000 tried) on which nothing
+    /// listens, and exit. Job scripts use it to give the engine a port no other job or
+    /// service on the host holds.
+    #[arg(long, value_name = "PORT")]
+    pub print_free_port: Option<u16>,
 }
 
 /// The `--config` file: the same settings as the flags, with underscores.

@@ -47,6 +47,21 @@ pub enum NodeError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// `--print-free-port` found every port it tried taken.
+    #[error("no free TCP port among the {FREE_PORT_TRIES} from {0}")]
+    NoFreePort(u16),
+}
+
+/// How many ports `--print-free-port` tries.
+const FREE_PORT_TRIES: u16 = 1000;
+
+/// The first port from `from` upward (at most [`FREE_PORT_TRIES`]) that a listener on every
+/// IPv4 address could bind: one that another process listens on, on any address, is taken.
+fn first_free_port(from: u16) -> Option<u16> {
+    (0..FREE_PORT_TRIES)
+        .map_while(|k| from.checked_add(k))
+        .filter(|&p| p != 0)
+        .find(|&p| std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, p)).is_ok())
 }
 
 /// Exit status when a second Ctrl-C stopped the node without finishing its drain.
@@ -63,6 +78,11 @@ impl NodeArgs {
             // Before resolving the rest: a job script asks for the id before it has a gateway.
             let identity = load_identity(self.identity_path()?.as_deref(), "identity.key")?;
             println!("{}", identity.node_id().to_hex());
+            return Ok(0);
+        }
+        if let Some(from) = self.print_free_port {
+            let port = first_free_port(from).ok_or(NodeError::NoFreePort(from))?;
+            println!("{port}");
             return Ok(0);
         }
         if self.print_hardware {
@@ -215,4 +235,27 @@ async fn walltime(settings: &NodeSettings) -> Option<(Duration, WalltimeSource)>
 
 fn round(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_free_port;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    #[test]
+    fn a_port_another_process_listens_on_is_skipped() {
+        // A listener on loopback only still takes the port for an engine on every address.
+        let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
+        let port = taken.local_addr().expect("has an address").port();
+        let free = first_free_port(port).expect("a free port");
+        assert_ne!(free, port);
+        assert!(free > port);
+        drop(taken);
+        assert_eq!(first_free_port(port), Some(port), "free again once the listener is gone");
+    }
+
+    #[test]
+    fn the_search_stops_at_the_last_port() {
+        assert!(matches!(first_free_port(u16::MAX), None | Some(u16::MAX)));
+    }
 }
