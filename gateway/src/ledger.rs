@@ -23,7 +23,9 @@
 //! # Off the request path
 //!
 //! A request's row is handed to a bounded channel ([`Ledger::record`] never waits) and one
-//! writer thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] — so a
+//! writer thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] (sooner
+//! when the channel is half full); a row wakes no thread, so the ledger costs a request no
+//! context switch — so a
 //! crash or `kill -9` loses at most the rows of the last half second (and, in WAL mode, never
 //! the file). When the channel is full the row is dropped and counted
 //! (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests. When the database
@@ -33,8 +35,8 @@
 //! the file every few seconds. Rows older than the retention period are deleted hourly.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -52,7 +54,10 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// Rows waiting in the channel before new ones are dropped.
 const CHANNEL_ROWS: usize = 16 * 1024;
 
-/// Most rows in one transaction.
+/// Rows waiting at which a request wakes the writer before its next flush.
+const WAKE_AT: usize = CHANNEL_ROWS / 2;
+
+/// Rows waiting that make the writer flush before its time.
 const MAX_BATCH: usize = 4096;
 
 /// Most rows kept in memory while the database cannot be written; older ones are dropped.
@@ -136,9 +141,21 @@ pub struct Ledger(Arc<Inner>);
 
 struct Inner {
     tx: SyncSender<Row>,
-    stop: Arc<AtomicBool>,
+    /// Shared with the writer.
+    shared: Arc<Shared>,
     dropped: Counter,
+    /// The writer, to wake early.
+    writer: Option<std::thread::Thread>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the writer and the request path share.
+#[derive(Default)]
+struct Shared {
+    /// Set by [`Ledger::close`].
+    stop: AtomicBool,
+    /// Rows sent and not yet taken by the writer (counted before each send).
+    queued: AtomicUsize,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -152,31 +169,45 @@ impl Ledger {
     /// and tried again, and requests are served meanwhile.
     pub fn start(config: LedgerConfig, counters: LedgerCounters) -> Ledger {
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_ROWS);
-        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let dropped = counters.dropped.clone();
         let writer = Writer::new(config, counters);
-        let flag = stop.clone();
+        let theirs = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tela-ledger".into())
-            .spawn(move || writer.run(rx, flag))
+            .spawn(move || writer.run(rx, &theirs))
             .map_err(|e| {
                 tracing::error!("the usage ledger's writer thread could not start: {e}; usage is not recorded")
             })
             .ok();
-        Ledger(Arc::new(Inner { tx, stop, dropped, thread: Mutex::new(thread) }))
+        let writer = thread.as_ref().map(|t| t.thread().clone());
+        Ledger(Arc::new(Inner { tx, shared, dropped, writer, thread: Mutex::new(thread) }))
     }
 
-    /// Hands a row to the writer; drops it (counted) if the writer is that far behind.
+    /// Hands a row to the writer; drops it (counted) if the writer is that far behind. Wakes
+    /// the writer only when half the channel's room is taken.
     pub fn record(&self, row: Row) {
+        let queued = &self.0.shared.queued;
+        let before = queued.fetch_add(1, Ordering::AcqRel);
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.0.tx.try_send(row) {
+            queued.fetch_sub(1, Ordering::AcqRel);
             self.0.dropped.inc();
+        } else if before + 1 == WAKE_AT {
+            self.wake_writer();
+        }
+    }
+
+    fn wake_writer(&self) {
+        if let Some(writer) = &self.0.writer {
+            writer.unpark();
         }
     }
 
     /// Writes what is waiting and stops the writer (blocking: call it off the async threads).
     /// Rows recorded afterwards are dropped.
     pub fn close(&self) {
-        self.0.stop.store(true, Ordering::Release);
+        self.0.shared.stop.store(true, Ordering::Release);
+        self.wake_writer();
         let thread = self.0.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(thread) = thread {
             let _ = thread.join();
@@ -213,28 +244,28 @@ impl Writer {
         }
     }
 
-    fn run(mut self, rx: Receiver<Row>, stop: Arc<AtomicBool>) {
+    fn run(mut self, rx: Receiver<Row>, shared: &Shared) {
         // Open at once, so that a bad path is reported when the gateway starts.
         let _ = self.connection(Instant::now());
         let mut next_flush = Instant::now() + FLUSH_EVERY;
         loop {
-            let wait = next_flush.saturating_duration_since(Instant::now());
-            let mut closing = false;
-            match rx.recv_timeout(wait) {
-                Ok(row) => {
-                    self.pending.push(row);
-                    while self.pending.len() < MAX_BATCH {
-                        let Ok(row) = rx.try_recv() else { break };
-                        self.pending.push(row);
+            // Sleeps until the flush is due (or `record` finds the channel half full, or
+            // `close` is called): waiting on the channel itself would make every row wake
+            // this thread.
+            std::thread::park_timeout(next_flush.saturating_duration_since(Instant::now()));
+            let mut closing = shared.stop.load(Ordering::Acquire);
+            let before = self.pending.len();
+            loop {
+                match rx.try_recv() {
+                    Ok(row) => self.pending.push(row),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closing = true;
+                        break;
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => closing = true,
             }
-            if stop.load(Ordering::Acquire) {
-                closing = true;
-                self.pending.extend(rx.try_iter());
-            }
+            shared.queued.fetch_sub(self.pending.len() - before, Ordering::AcqRel);
             let now = Instant::now();
             if closing || now >= next_flush || self.pending.len() >= MAX_BATCH {
                 self.flush(now);

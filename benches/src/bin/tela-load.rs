@@ -47,6 +47,8 @@ struct Args {
     node_transport: String,
     concurrency: Vec<usize>,
     counters: bool,
+    /// More arguments for `tela gateway` (`--gateway-arg --no-ledger`, ...).
+    gateway_args: Vec<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -59,6 +61,7 @@ fn parse_args() -> Result<Args> {
         node_transport: "auto".into(),
         concurrency: vec![1, 32],
         counters: false,
+        gateway_args: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -71,13 +74,14 @@ fn parse_args() -> Result<Args> {
             "--seconds" => args.seconds = value()?.parse()?,
             "--node-transport" => args.node_transport = value()?,
             "--counters" => args.counters = true,
+            "--gateway-arg" => args.gateway_args.push(value()?),
             "--concurrency" => {
                 args.concurrency = value()?.split(',').map(str::parse).collect::<std::result::Result<_, _>>()?
             }
             "-h" | "--help" => {
                 println!(
                     "tela-load [--requests N] [--seconds S] [--tela PATH] [--vllm-router PATH | --no-vllm-router] \
-                     [--node-transport auto|quic|tcp] [--concurrency 1,32] [--counters]"
+                     [--node-transport auto|quic|tcp] [--concurrency 1,32] [--counters] [--gateway-arg ARG]..."
                 );
                 std::process::exit(0);
             }
@@ -176,7 +180,10 @@ async fn main() -> Result<()> {
 
     // Tela: gateway + two nodes.
     std::fs::write(dir.path().join("keys"), tela.hash_key(KEY, None)?)?;
-    let gw = tela.gateway(&mut procs, "gw", &["--api-keys", &tela.file("keys")])?;
+    let keys = tela.file("keys");
+    let gateway_args: Vec<&str> =
+        ["--api-keys", keys.as_str()].into_iter().chain(args.gateway_args.iter().map(String::as_str)).collect();
+    let gw = tela.gateway(&mut procs, "gw", &gateway_args)?;
     let (gateway, gw_pid) = (gw.api, gw.pid);
     let mut node_pids = Vec::new();
     for (i, e) in engines.iter().enumerate() {
