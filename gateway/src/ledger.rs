@@ -26,8 +26,8 @@
 //! writer thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] (sooner
 //! when the channel is half full) — so a crash or `kill -9` loses at most the rows of the last
 //! half second (and, in WAL mode, never the file). A row wakes no thread: the writer sleeps
-//! until its flush is due, so the ledger costs a request no context switch. When the channel is full the row is dropped and counted
-//! (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests. When the database
+//! until its flush is due, so the ledger costs a request no context switch. When the channel
+//! is full the row is dropped and counted (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests. When the database
 //! cannot be written — a full disk, a read-only directory, a file taken away — requests keep
 //! flowing: the writer counts each failure (`tela_gateway_ledger_errors_total`), logs an error
 //! at most once a minute, keeps up to [`MAX_PENDING`] rows to write once it can, and reopens
@@ -53,11 +53,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// Rows waiting in the channel before new ones are dropped.
 const CHANNEL_ROWS: usize = 16 * 1024;
 
-/// Rows waiting at which a request wakes the writer before its next flush.
+/// Rows waiting at which a request wakes the writer, which then flushes before its time.
 const WAKE_AT: usize = CHANNEL_ROWS / 2;
-
-/// Rows waiting that make the writer flush before its time.
-const MAX_BATCH: usize = 4096;
 
 /// Most rows kept in memory while the database cannot be written; older ones are dropped.
 pub const MAX_PENDING: usize = 20_000;
@@ -266,7 +263,7 @@ impl Writer {
             }
             shared.queued.fetch_sub(self.pending.len() - before, Ordering::AcqRel);
             let now = Instant::now();
-            if closing || now >= next_flush || self.pending.len() >= MAX_BATCH {
+            if closing || now >= next_flush || self.pending.len() >= WAKE_AT {
                 self.flush(now);
                 next_flush = now + FLUSH_EVERY;
             }

@@ -177,12 +177,6 @@ impl Sim {
         let gw_alive =
             self.hosts[req.gateway as usize].running() && self.hosts[req.gateway as usize].job == req.gateway_job;
         self.hosts[req.gateway as usize].add_load(req.node, -1);
-        if !gw_alive && req.drain.is_some() {
-            self.trace_drain_failure(r, "its gateway is gone");
-        }
-        let host = &mut self.hosts[req.node as usize];
-        host.in_flight.retain(|x| *x != r);
-        let load = Load { in_flight: host.in_flight.len() as u32, queued: 0 };
         if gw_alive {
             self.t.completed += 1;
             if let Some(cause) = req.drain {
@@ -192,11 +186,15 @@ impl Sim {
         } else {
             self.t.failed += 1;
             if let Some(cause) = req.drain {
+                self.trace_drain_failure(r, "its gateway is gone");
                 self.t.drain_failed += 1;
                 self.t.drain_gateway_lost += 1;
                 self.t.drain_by_cause[cause as usize].failed += 1;
             }
         }
+        let host = &mut self.hosts[req.node as usize];
+        host.in_flight.retain(|x| *x != r);
+        let load = Load { in_flight: host.in_flight.len() as u32, queued: 0 };
         let same_job = host.running() && host.job == req.node_job;
         if let Some(m) = req.spin_model {
             self.spin_request_over(m);
