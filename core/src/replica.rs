@@ -4,6 +4,7 @@
 use crate::id::{Directory, IdIndex, NodeId};
 use crate::record::{Lifecycle, Record, Role, SharedRecord, Version};
 use crate::time::Time;
+use core::time::Duration;
 use foldhash::fast::FixedState;
 use hashbrown::HashMap;
 use std::borrow::Cow;
@@ -11,49 +12,101 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// What this replica knows about one node.
+///
+/// Every node holds one slot for every node of the federation, so a simulated federation of
+/// 10,000 nodes holds 10^8 of them: a slot is 16 bytes, the shared record's pointer, the local
+/// time of its last change in wrapping milliseconds, and the content stamp with the three flags
+/// in its top bits.
 #[derive(Clone, Debug)]
 pub struct Slot {
     record: SharedRecord,
-    changed_at: Time,
-    alive: bool,
-    routable: bool,
-    /// Hash of the content that is neither version nor load (models, hardware, reach, role).
-    stamp: u32,
-    /// A LEFT record past half its tombstone lifetime: no longer advertised (left out of the
-    /// anti-entropy hashes and entries), kept only until it is deleted.
-    retired: bool,
+    /// Local time of the last change, in milliseconds modulo 2^32 ([`Slot::age`]).
+    changed_ms: u32,
+    /// The content stamp (low [`STAMP_BITS`] bits: a hash of the content that is neither version
+    /// nor load: models, hardware, reach, role), then [`ALIVE`], [`ROUTABLE`] and [`RETIRED`].
+    bits: u32,
+}
+
+// Keep it from growing unnoticed: 10^8 of them in a 10,000-node simulation.
+const _: () = assert!(core::mem::size_of::<Slot>() <= 16);
+
+/// Bits of the content stamp kept in [`Slot::bits`].
+const STAMP_BITS: u32 = 29;
+const STAMP: u32 = (1 << STAMP_BITS) - 1;
+/// Not suspected here by the failure detector, and not LEFT.
+const ALIVE: u32 = 1 << 29;
+/// Alive, SERVE, serving role and at least one model.
+const ROUTABLE: u32 = 1 << 30;
+/// A LEFT or DOWN record past half its tombstone lifetime: no longer advertised (left out of the
+/// anti-entropy hashes and entries), kept only until it is deleted.
+const RETIRED: u32 = 1 << 31;
+
+/// The longest tombstone lifetime a slot can time: ages are kept in wrapping milliseconds, and
+/// a tombstone is looked at again within half its lifetime.
+pub(crate) const MAX_TOMBSTONE_TTL: Duration = Duration::from_millis(1 << 31);
+
+/// `now` in wrapping milliseconds, as slots keep it.
+fn wrapping_ms(now: Time) -> u32 {
+    now.as_millis() as u32
 }
 
 impl Slot {
+    fn new(record: SharedRecord, now: Time, alive: bool) -> Slot {
+        let stamp = content_stamp(&record);
+        let mut slot = Slot { record, changed_ms: wrapping_ms(now), bits: stamp & STAMP };
+        slot.set(ALIVE, alive);
+        slot
+    }
+
+    fn flag(&self, flag: u32) -> bool {
+        self.bits & flag != 0
+    }
+
+    fn set(&mut self, flag: u32, on: bool) {
+        if on {
+            self.bits |= flag;
+        } else {
+            self.bits &= !flag;
+        }
+    }
+
+    fn stamp(&self) -> u32 {
+        self.bits & STAMP
+    }
+
+    fn set_stamp(&mut self, stamp: u32) {
+        self.bits = (self.bits & !STAMP) | (stamp & STAMP);
+    }
+
+    /// Time since the merged record last changed here, at `now` (exact to a millisecond while
+    /// it is under [`MAX_TOMBSTONE_TTL`] twice over).
+    pub(crate) fn age(&self, now: Time) -> Duration {
+        Duration::from_millis(u64::from(wrapping_ms(now).wrapping_sub(self.changed_ms)))
+    }
+
     /// The merged record.
     pub fn record(&self) -> &SharedRecord {
         &self.record
     }
 
-    #[cfg(test)]
-    /// Local time at which the merged record last changed here.
-    pub(crate) fn changed_at(&self) -> Time {
-        self.changed_at
-    }
-
     /// Alive: not suspected here by the failure detector, and not LEFT.
     pub fn is_alive(&self) -> bool {
-        self.alive
+        self.flag(ALIVE)
     }
 
     /// Alive, SERVE, serving role and at least one model.
     pub fn is_routable(&self) -> bool {
-        self.routable
+        self.flag(ROUTABLE)
     }
 
     /// The record's [`sync_of`] hash, from the kept content stamp.
     pub(crate) fn sync_hash(&self) -> u32 {
-        sync_of(&self.record, self.stamp)
+        sync_of(&self.record, self.stamp())
     }
 
     /// A tombstone past half its lifetime, no longer advertised ([`Replica::collect_tombstones`]).
     pub(crate) fn is_retired(&self) -> bool {
-        self.retired
+        self.flag(RETIRED)
     }
 }
 
@@ -289,7 +342,7 @@ impl Replica {
         let hosts = if self.index_hosts() {
             Cow::Borrowed(self.hosts.get(model).map_or(&[][..], Vec::as_slice))
         } else {
-            let serves = |s: &Slot| s.routable && s.record.models.as_slice().iter().any(|m| m.name == model);
+            let serves = |s: &Slot| s.is_routable() && s.record.models.as_slice().iter().any(|m| m.name == model);
             Cow::Owned(self.slots.iter().enumerate().filter(|(_, s)| serves(s)).map(|(n, _)| n as u32).collect())
         };
         Serving { slots: &self.slots, hosts }
@@ -300,7 +353,7 @@ impl Replica {
         let mut names: Vec<&str> = if self.index_hosts() {
             self.hosts.iter().filter(|(_, h)| !h.is_empty()).map(|(m, _)| m.as_str()).collect()
         } else {
-            let routable = self.slots.iter().filter(|s| s.routable);
+            let routable = self.slots.iter().filter(|s| s.is_routable());
             routable.flat_map(|s| s.record.models.as_slice().iter().map(|m| m.name.as_str())).collect()
         };
         names.sort_unstable();
@@ -316,11 +369,9 @@ impl Replica {
                 return Merged::default();
             }
             let (id, state) = (incoming.id, incoming.state);
-            let alive = state < Lifecycle::Left;
-            let stamp = content_stamp(&incoming);
             self.view ^= view_hash(&incoming);
-            self.buckets[bucket_of(&id, BUCKETS)] ^= sync_of(&incoming, stamp);
-            let slot = Slot { record: incoming, changed_at: now, alive, routable: false, stamp, retired: false };
+            let slot = Slot::new(incoming, now, state < Lifecycle::Left);
+            self.buckets[bucket_of(&id, BUCKETS)] ^= slot.sync_hash();
             let n = self.slots.len() as u32;
             self.by_bucket.push(bucket_of(&id, BUCKETS), n);
             crate::reserve_one(&mut self.slots);
@@ -347,24 +398,24 @@ impl Replica {
             self.view ^= view_hash(old) ^ view_hash(&merged);
         }
         // A retired tombstone is already out of the hashes; a newer version brings the node back.
-        let out = if self.slots[i].retired { 0 } else { self.slots[i].sync_hash() };
-        self.slots[i].retired = false;
+        let out = if self.slots[i].is_retired() { 0 } else { self.slots[i].sync_hash() };
+        self.slots[i].set(RETIRED, false);
         let previous = core::mem::replace(&mut self.slots[i].record, merged);
         let slot = &mut self.slots[i];
-        slot.changed_at = now;
+        slot.changed_ms = wrapping_ms(now);
         if (&previous.models, &previous.hardware, &previous.reach, previous.role)
             != (&slot.record.models, &slot.record.hardware, &slot.record.reach, slot.record.role)
         {
-            slot.stamp = content_stamp(&slot.record);
+            slot.set_stamp(content_stamp(&slot.record));
         }
         let into = slot.sync_hash();
         self.buckets[bucket_of(&slot.record.id, BUCKETS)] ^= out ^ into;
         if advanced {
-            slot.alive = true;
+            slot.set(ALIVE, true);
         }
         let slot = &mut self.slots[i];
         if slot.record.state == Lifecycle::Left {
-            slot.alive = false;
+            slot.set(ALIVE, false);
         }
         let (id, state) = (slot.record.id, slot.record.state);
         self.note_state(id, Some(previous.state), state);
@@ -379,10 +430,10 @@ impl Replica {
     pub(crate) fn set_alive(&mut self, id: &NodeId, alive: bool) -> Option<bool> {
         let i = self.position(id)?;
         let slot = &mut self.slots[i];
-        if slot.alive == alive || slot.record.id == self.local || slot.record.state == Lifecycle::Left {
+        if slot.is_alive() == alive || slot.record.id == self.local || slot.record.state == Lifecycle::Left {
             return None;
         }
-        slot.alive = alive;
+        slot.set(ALIVE, alive);
         self.refresh(i, None)
     }
 
@@ -392,8 +443,8 @@ impl Replica {
         let slot = &self.slots[i];
         let rec = &slot.record;
         let routable =
-            slot.alive && rec.state == Lifecycle::Serve && rec.role == Role::Serving && !rec.models.is_empty();
-        let was = slot.routable;
+            slot.is_alive() && rec.state == Lifecycle::Serve && rec.role == Role::Serving && !rec.models.is_empty();
+        let was = slot.is_routable();
         let models_changed = previous.is_some_and(|p| p.models != rec.models);
         if was == routable && !(routable && models_changed) {
             return None;
@@ -411,7 +462,7 @@ impl Replica {
         }
         let index_hosts = self.index_hosts();
         let slot = &mut self.slots[i];
-        slot.routable = routable;
+        slot.set(ROUTABLE, routable);
         if routable && index_hosts {
             // Not listed under any model now: it was not routable, or its old models were just
             // unlisted above. So no scan of the host lists, which hold thousands of nodes in a
@@ -653,6 +704,23 @@ mod tests {
     }
 
     #[test]
+    fn tombstones_age_across_the_millisecond_wrap() {
+        // Slots keep the time of their last change in wrapping milliseconds: a tombstone made
+        // five seconds before 2^32 ms is timed right on the other side of it.
+        let (ttl, at) = (Duration::from_secs(100), Time::from_millis(u64::from(u32::MAX) - 5_000));
+        let mut r = replica();
+        r.merge(at, rec(1, 1, Lifecycle::Left, 2, &["m"]));
+        assert_eq!(
+            r.get(&NodeId::from_u64(1)).map(|s| s.age(at + Duration::from_secs(49))),
+            Some(Duration::from_secs(49))
+        );
+        assert_eq!(r.collect_tombstones(at + Duration::from_secs(49), ttl, |_, _| {}), Collected::default());
+        assert_eq!(r.collect_tombstones(at + Duration::from_secs(50), ttl, |_, _| {}).retired, 1);
+        assert_eq!(r.collect_tombstones(at + Duration::from_secs(99), ttl, |_, _| {}).deleted, 0);
+        assert_eq!(r.collect_tombstones(at + Duration::from_secs(100), ttl, |_, _| {}).deleted, 1);
+    }
+
+    #[test]
     fn tombstones_retire_at_half_life_are_deleted_at_the_end_and_stay_deleted() {
         let ttl = Duration::from_secs(100);
         let mut r = replica();
@@ -786,7 +854,7 @@ mod tests {
                 proptest::prop_assert!(w
                     .slots()
                     .iter()
-                    .all(|s| !matches!(s.record().state, Lifecycle::Left | Lifecycle::Down) || s.changed_at() + ttl > now));
+                    .all(|s| !matches!(s.record().state, Lifecycle::Left | Lifecycle::Down) || s.age(now) < ttl));
                 let all: Vec<u16> = (0..BUCKETS as u16).collect();
                 let numbered: Vec<u32> = (0..w.len() as u32).collect();
                 let mut listed = w.slots_in_buckets(BUCKETS, &all);

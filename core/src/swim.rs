@@ -216,8 +216,9 @@ pub(crate) struct Swim {
     incarnation: u64,
     health: u8,
     members: Members,
-    /// The suspicion of each member whose standing is [`Standing::Suspect`].
-    suspected: HashMap<NodeId, Suspicion, FixedState>,
+    /// The suspicion of each member whose standing is [`Standing::Suspect`], by member number
+    /// (a cut at 10,000 nodes holds tens of millions of them: 4 bytes of key each, not 16).
+    suspected: HashMap<u32, Suspicion, FixedState>,
     /// Members vouched for, by their voucher: only an anchor's own outbound-only members, so
     /// kept apart from the member table every node holds for every member.
     vouchers: HashMap<NodeId, NodeId, FixedState>,
@@ -233,7 +234,8 @@ pub(crate) struct Swim {
     next_probe: Time,
     next_seq: u32,
     relays: Vec<Relay>,
-    suspicions: BTreeSet<(Time, NodeId)>,
+    /// The suspicions' deadlines, with their member numbers.
+    suspicions: BTreeSet<(Time, u32)>,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
 }
@@ -244,8 +246,8 @@ impl Swim {
         use crate::heap::{array, btree, hash_table};
         self.members.heap_bytes(heap);
         heap.probe_order += array::<u32>(self.order.capacity());
-        heap.suspicions += hash_table::<(NodeId, Suspicion)>(self.suspected.capacity())
-            + btree::<(Time, NodeId)>(self.suspicions.len())
+        heap.suspicions += hash_table::<(u32, Suspicion)>(self.suspected.capacity())
+            + btree::<(Time, u32)>(self.suspicions.len())
             + hash_table::<(NodeId, NodeId)>(self.vouchers.capacity())
             + btree::<(NodeId, Time)>(self.leases.len());
         heap.other += array::<Relay>(self.relays.capacity())
@@ -321,7 +323,7 @@ impl Swim {
     pub(crate) fn remove_member(&mut self, dir: &impl Directory, id: NodeId) -> bool {
         let Some(n) = self.members.number(dir, &id) else { return false };
         self.members.remove(n);
-        self.lift_suspicion(id);
+        self.lift_suspicion(n);
         self.leave_order(n);
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
@@ -364,6 +366,12 @@ impl Swim {
         self.members.renumber(from, to);
         if let Some(n) = self.order.iter_mut().find(|n| **n == from) {
             *n = to;
+        }
+        if let Some(s) = self.suspected.remove(&from) {
+            let deadline = s.deadline(&self.config);
+            self.suspicions.remove(&(deadline, from));
+            self.suspicions.insert((deadline, to));
+            self.suspected.insert(to, s);
         }
     }
 
@@ -988,6 +996,9 @@ mod tests {
         dir.0.swap_remove(2);
         s.renumber(5, 2);
         assert!(s.is_suspect(&dir, &id(5)) && !s.is_suspect(&dir, &id(4)));
+        // Its suspicion, kept by member number, moved with it.
+        assert_eq!(s.suspected_since(&dir, &id(5)), Some(Time::ZERO));
+        assert_eq!(s.suspicions.iter().map(|&(_, n)| n).collect::<Vec<_>>(), [2]);
         assert_eq!(s.member_incarnation(&dir, &id(5)), Some(5));
         assert_eq!(s.member_incarnation(&dir, &id(3)), Some(3));
         assert!(s.remove_member(&dir, id(3)));
@@ -1030,7 +1041,7 @@ mod tests {
     impl Swim {
         fn suspicion_deadline(&self, id: NodeId) -> Time {
             match self.members.get(&Numbered, &id).expect("a member").standing {
-                Standing::Suspect => self.suspected[&id].deadline(&self.config),
+                Standing::Suspect => self.suspected[&Numbered.number(&id).expect("numbered")].deadline(&self.config),
                 _ => Time::NEVER,
             }
         }
@@ -1054,11 +1065,11 @@ mod tests {
             if self.order.len() > self.members.len() || self.cursor > self.order.len() {
                 return Err(InvariantError::CursorOverOrder { cursor: self.cursor, order: self.order.clone() });
             }
-            let expected: BTreeSet<(Time, NodeId)> = self
+            let expected: BTreeSet<(Time, u32)> = self
                 .members
                 .iter()
                 .filter_map(|(n, m)| match m.standing {
-                    Standing::Suspect => Some((self.suspected.get(&dir.id(n))?.deadline(&self.config), dir.id(n))),
+                    Standing::Suspect => Some((self.suspected.get(&n)?.deadline(&self.config), n)),
                     _ => None,
                 })
                 .collect();
@@ -1122,9 +1133,9 @@ mod tests {
         #[error("suspicion deadlines {kept:?}, members say {expected:?}")]
         SuspicionDeadlines {
             /// The deadlines kept.
-            kept: BTreeSet<(Time, NodeId)>,
+            kept: BTreeSet<(Time, u32)>,
             /// The deadlines the suspected members have.
-            expected: BTreeSet<(Time, NodeId)>,
+            expected: BTreeSet<(Time, u32)>,
         },
         /// Local health is over its maximum.
         #[error("health {health} over {max}")]

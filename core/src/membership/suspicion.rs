@@ -196,7 +196,7 @@ impl Node {
         let generation = self.replica.get(&id)?.record().generation;
         let detector = &self.membership.detector;
         let heartbeat = detector.member_incarnation(&self.replica, &id)?;
-        let age = suspicion_age(self.now.saturating_since(detector.suspected_since(&id)?));
+        let age = suspicion_age(self.now.saturating_since(detector.suspected_since(&self.replica, &id)?));
         Some(Piggyback::Suspect { id, generation, heartbeat, from: self.config.id, age })
     }
 

@@ -98,6 +98,9 @@ impl Config {
         if m.tombstone_ttl < m.anti_entropy_interval * 4 {
             return Err(ConfigError::TombstoneTtl { ttl: m.tombstone_ttl, interval: m.anti_entropy_interval });
         }
+        if m.tombstone_ttl > crate::replica::MAX_TOMBSTONE_TTL {
+            return Err(ConfigError::LongTombstoneTtl(m.tombstone_ttl));
+        }
         if m.gossip_fanout == 0 {
             return Err(ConfigError::ZeroFanout);
         }
@@ -137,6 +140,9 @@ pub enum ConfigError {
         /// The configured anti-entropy interval.
         interval: Duration,
     },
+    /// Replicas time tombstones in wrapping milliseconds, which cannot count this far.
+    #[error("tombstone_ttl ({0:?}) must be at most 2^31 ms (24 days)")]
+    LongTombstoneTtl(Duration),
     /// The failure detector's settings cannot work.
     #[error("failure detector: {0}")]
     Swim(#[from] SwimConfigError),
@@ -164,5 +170,8 @@ mod tests {
         c = Config::new(NodeId::from_u64(1), 1);
         c.max_datagram = 5000;
         assert!(c.validate().is_err());
+        c = Config::new(NodeId::from_u64(1), 1);
+        c.membership.tombstone_ttl = Duration::from_secs(30 * 24 * 3600);
+        assert_eq!(c.validate(), Err(ConfigError::LongTombstoneTtl(c.membership.tombstone_ttl)));
     }
 }

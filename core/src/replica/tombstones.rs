@@ -42,20 +42,20 @@ impl Replica {
             .tombstones
             .iter()
             .chain(&self.downs)
-            .filter(|id| self.get(id).is_some_and(|slot| slot.changed_at + half <= now))
+            .filter(|id| self.get(id).is_some_and(|slot| slot.age(now) >= half))
             .copied()
             .collect();
         for id in due {
             // Looked up afresh: each deletion moves the last slot into the deleted one's place.
             let Some(i) = self.position(&id) else { continue };
             let slot = &self.slots[i];
-            if !slot.retired {
+            if !slot.is_retired() {
                 self.buckets[bucket_of(&id, BUCKETS)] ^= slot.sync_hash();
-                self.slots[i].retired = true;
+                self.slots[i].set(super::RETIRED, true);
                 done.retired += 1;
             }
             let slot = &self.slots[i];
-            if slot.changed_at + ttl > now {
+            if slot.age(now) < ttl {
                 continue;
             }
             let generation = slot.record.generation;
@@ -66,7 +66,7 @@ impl Replica {
             let last = (self.slots.len() - 1) as u32;
             self.index.forget(&id, i as u32);
             // LEFT or DOWN, so listed under no model; the slot moved into its place may be.
-            debug_assert!(!self.slots[i].routable);
+            debug_assert!(!self.slots[i].is_routable());
             self.slots.swap_remove(i);
             let moved_slot = self.slots.get(i);
             self.by_bucket.swap_remove(
@@ -82,7 +82,7 @@ impl Replica {
                         *s = i as u32;
                     }
                 };
-                if m.routable {
+                if m.is_routable() {
                     for m in m.record.models.as_slice() {
                         if let Some(list) = self.hosts.get_mut(m.name.as_str()) {
                             renumber(list);

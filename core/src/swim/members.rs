@@ -42,10 +42,6 @@ impl Members {
         self.table.get(dir.number(id)? as usize)?.as_ref()
     }
 
-    pub(super) fn get_mut(&mut self, dir: &impl Directory, id: &NodeId) -> Option<&mut Member> {
-        self.table.get_mut(dir.number(id)? as usize)?.as_mut()
-    }
-
     /// The member numbered `n`; panics unless it is one.
     pub(super) fn at(&self, n: u32) -> &Member {
         self.table[n as usize].as_ref().expect("a member number names a member")
@@ -62,8 +58,8 @@ impl Members {
         if n >= self.table.len() {
             let more = n + 1 - self.table.len();
             if n >= self.table.capacity() {
-                // The directory grows a slot at a time; grow by a quarter, as it does.
-                self.table.reserve_exact(more.max(self.table.len() / 4 + 4));
+                // The directory grows a slot at a time; grow as it does.
+                self.table.reserve_exact(more.max(crate::growth(self.table.len())));
             }
             self.table.resize(n + 1, None);
         }
@@ -135,7 +131,7 @@ mod tests {
         assert!(t.get(&Numbered, &id(99)).is_none());
         assert_eq!((t.len(), t.iter().count()), (99, 99));
         t.insert(500, member(500));
-        t.get_mut(&Numbered, &id(500)).expect("a member").standing = Standing::Suspect;
+        t.at_mut(500).standing = Standing::Suspect;
         assert_eq!(t.at(500).standing, Standing::Suspect);
         assert_eq!(t.len(), 100);
     }

@@ -36,10 +36,11 @@ impl Swim {
         } else {
             self.leases.remove(&id);
         }
-        let Some(m) = self.members.get_mut(dir, &id) else { return };
+        let Some(n) = self.members.number(dir, &id) else { return };
+        let m = self.members.at_mut(n);
         if voucher.is_some() && m.standing == Standing::Suspect {
             m.standing = Standing::Alive;
-            self.lift_suspicion(id);
+            self.lift_suspicion(n);
             self.events.push_back(Event::Alive(id));
         }
     }
