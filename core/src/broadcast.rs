@@ -188,6 +188,10 @@ fn sends_at(rank: Rank) -> u32 {
     (rank & 0xFF) as u32
 }
 
+/// Items [`BroadcastQueue::fill`] makes room for at once: an announcement takes at least 20
+/// bytes, so a 1,100-byte datagram holds at most about fifty.
+const PICKS_AT_ONCE: usize = 64;
+
 /// After this many queued items in a row did not fit, [`BroadcastQueue::fill`] stops looking:
 /// the datagram is as good as full and scanning the whole queue would cost `O(m)`.
 const MAX_SKIPS: usize = 16;
@@ -347,7 +351,8 @@ impl<T: Update> BroadcastQueue<T> {
         }
         let mut used = 0;
         let mut skips = 0;
-        let mut picked: Vec<(Rank, u32)> = Vec::new();
+        // A datagram takes a few dozen items at most: room for them up front, not by doublings.
+        let mut picked: Vec<(Rank, u32)> = Vec::with_capacity(PICKS_AT_ONCE);
         let mut spent: Vec<(Rank, u32)> = Vec::new();
         for (rank, &at) in &self.order {
             if budget - used == 0 || skips == MAX_SKIPS {

@@ -473,6 +473,11 @@ impl ProbeBuilder {
         if item.is_empty() || item.len() > self.budget() {
             return false;
         }
+        if self.items.capacity() == 0 {
+            // Room for the whole datagram at once: the header and count go in front at the end
+            // ([`ProbeBuilder::finish`]), so a datagram costs one allocation, not one per doubling.
+            self.items.reserve_exact(self.limit);
+        }
         self.items.extend_from_slice(item);
         self.count += 1;
         true
@@ -500,9 +505,11 @@ impl ProbeBuilder {
 
     /// The datagram.
     pub fn finish(self) -> Bytes {
-        let mut out = self.head;
-        out.extend(varint(self.count));
-        out.extend_from_slice(&self.items);
+        let mut out = self.items;
+        let mut head = self.head;
+        head.extend(varint(self.count));
+        // In place: `out` has room for the whole datagram (`limit` bytes) once an item is in.
+        out.splice(0..0, head);
         debug_assert!(out.len() <= self.limit);
         Bytes::from(out)
     }
