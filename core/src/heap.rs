@@ -31,8 +31,6 @@ pub struct HeapBytes {
     /// The failure detector's member table: incarnation and standing per member, by the
     /// replica's slot number.
     pub members: u64,
-    /// The probe order of the current pass.
-    pub probe_order: u64,
     /// Suspicions held: timers, suspecters, and the vouchers and leases of an anchor.
     pub suspicions: u64,
     /// The gossip queues of records and suspicions.
@@ -48,7 +46,7 @@ impl HeapBytes {
     }
 
     /// Every table with its name, in the order of the fields.
-    pub fn fields(&self) -> [(&'static str, u64); 10] {
+    pub fn fields(&self) -> [(&'static str, u64); 9] {
         [
             ("replica_slots", self.replica_slots),
             ("replica_index", self.replica_index),
@@ -56,7 +54,6 @@ impl HeapBytes {
             ("replica_hosts", self.replica_hosts),
             ("replica_other", self.replica_other),
             ("members", self.members),
-            ("probe_order", self.probe_order),
             ("suspicions", self.suspicions),
             ("queues", self.queues),
             ("other", self.other),
@@ -72,7 +69,6 @@ impl AddAssign for HeapBytes {
         self.replica_hosts += o.replica_hosts;
         self.replica_other += o.replica_other;
         self.members += o.members;
-        self.probe_order += o.probe_order;
         self.suspicions += o.suspicions;
         self.queues += o.queues;
         self.other += o.other;
@@ -191,6 +187,6 @@ mod tests {
         assert_eq!(a.total(), 10);
         let sum: HeapBytes = [a, a].into_iter().sum();
         assert_eq!(sum.total(), 20);
-        assert_eq!(sum.fields().len(), 10);
+        assert_eq!(sum.fields().len(), 9);
     }
 }

@@ -163,7 +163,7 @@ pub(crate) fn slab_insert<T>(slab: &mut Vec<Option<T>>, free: &mut Vec<u32>, ite
 
 /// Makes room for one more element in `v`, growing a full vector by a sixteenth instead of
 /// doubling it. For the tables a node keeps per member of the registry (replica slots, the
-/// detector's members, routable hosts, the probe order): at 10,000 members doubling leaves up
+/// detector's members, routable hosts): at 10,000 members doubling leaves up
 /// to half of each unused, a sixteenth-step growth at most 6%, and the copies stay amortised
 /// `O(1)` (each element is copied about sixteen times while a table grows from empty).
 pub(crate) fn reserve_one<T>(v: &mut Vec<T>) {

@@ -3,10 +3,11 @@
 //! At 10,000 nodes, flooding heartbeats costs every node 10,000 updates a second. Instead each
 //! node checks one member per *protocol period* and only news of a failure spreads:
 //!
-//! 1. **Probe schedule.** Members are probed in a randomized round-robin: the probe order is
-//!    shuffled at the start of every pass, a new member is inserted at a random position, and
-//!    every member is probed exactly once per pass, so a failed member is found within two passes
-//!    by every prober (the SWIM paper's bound) instead of by luck.
+//! 1. **Probe schedule.** Members are probed in a randomized round-robin: each pass walks the
+//!    member numbers in a fresh pseudo-random order (computed, not stored: a keyed permutation),
+//!    so every member is probed exactly once per pass and one that joins during a pass is
+//!    probed in it or in the next; a failed member is found within two passes by every prober
+//!    (the SWIM paper's bound) instead of by luck.
 //! 2. **Direct, then indirect.** The node pings the target ([`Action::SendPing`]). Without an ack
 //!    within `probe_timeout` it asks `indirect_probes` random healthy members to ping the target
 //!    on its behalf ([`Action::SendPingReq`]); they forward the target's ack, or answer with a
@@ -226,9 +227,15 @@ pub(crate) struct Swim {
     /// last heard from. Kept through a suspicion, so that vouching resumes after the refutation.
     leases: BTreeMap<NodeId, Time>,
     next_lease_check: Time,
-    /// Probe order of the current pass, by member number: probeable members not confirmed dead.
-    order: Vec<u32>,
-    cursor: usize,
+    /// The current pass's probe order, computed ([`probe::Pass`]), and the next place in it.
+    pass: probe::Pass,
+    cursor: u64,
+    /// Members probed: probeable and not confirmed dead.
+    probed: usize,
+    /// Members numbered after the current pass began, to probe in it when the cursor reaches
+    /// their place (random, as if inserted there; in 1/2^24ths of a place), by place
+    /// ([`Swim::join_order`]).
+    joined: Vec<(u64, u32)>,
     passes: u64,
     probe: Option<Probe>,
     next_probe: Time,
@@ -245,7 +252,7 @@ impl Swim {
     pub(crate) fn heap_bytes(&self, heap: &mut crate::heap::HeapBytes) {
         use crate::heap::{array, btree, hash_table};
         self.members.heap_bytes(heap);
-        heap.probe_order += array::<u32>(self.order.capacity());
+        heap.members += array::<(u64, u32)>(self.joined.capacity());
         heap.suspicions += hash_table::<(u32, Suspicion)>(self.suspected.capacity())
             + btree::<(Time, u32)>(self.suspicions.len())
             + hash_table::<(NodeId, NodeId)>(self.vouchers.capacity())
@@ -276,8 +283,10 @@ impl Swim {
             vouchers: HashMap::with_hasher(FixedState::default()),
             leases: BTreeMap::new(),
             next_lease_check: Time::NEVER,
-            order: Vec::new(),
+            pass: probe::Pass::default(),
             cursor: 0,
+            probed: 0,
+            joined: Vec::new(),
             passes: 0,
             probe: None,
             next_probe: first,
@@ -322,9 +331,10 @@ impl Swim {
     /// Members it vouched for lose the voucher.
     pub(crate) fn remove_member(&mut self, dir: &impl Directory, id: NodeId) -> bool {
         let Some(n) = self.members.number(dir, &id) else { return false };
-        self.members.remove(n);
+        if self.members.remove(n).is_some_and(|m| m.probeable && m.standing != Standing::Confirmed) {
+            self.leave_order(n);
+        }
         self.lift_suspicion(n);
-        self.leave_order(n);
         if self.probe.as_ref().is_some_and(|p| p.target == id) {
             self.probe = None;
         }
@@ -361,11 +371,12 @@ impl Swim {
     }
 
     /// The directory moved what it held at `from` to `to` (it deleted what `to` held, which was
-    /// no member): the member at `from`, if any, is at `to` now, in the probe order too.
+    /// no member): the member at `from`, if any, is at `to` now, with its suspicion. (A pass in
+    /// progress may then probe it twice or not at all: passes walk numbers.)
     pub(crate) fn renumber(&mut self, from: u32, to: u32) {
         self.members.renumber(from, to);
-        if let Some(n) = self.order.iter_mut().find(|n| **n == from) {
-            *n = to;
+        if let Some(j) = self.joined.iter_mut().find(|(_, n)| *n == from) {
+            j.1 = to;
         }
         if let Some(s) = self.suspected.remove(&from) {
             let deadline = s.deadline(&self.config);
@@ -1046,24 +1057,15 @@ mod tests {
             }
         }
 
-        /// The probe order holds each probeable, unconfirmed member once; the suspicion
+        /// The count of probed members is right and the cursor within its pass; the suspicion
         /// deadlines are exactly those of the suspected members.
         fn check_invariants(&self, dir: &impl Directory) -> Result<(), InvariantError> {
-            let mut sorted = self.order.clone();
-            sorted.sort();
-            sorted.dedup();
-            if sorted.len() != self.order.len() {
-                return Err(InvariantError::DuplicateInOrder { order: self.order.clone() });
+            let probed = self.members.iter().filter(|(_, m)| m.probeable && m.standing != Standing::Confirmed).count();
+            if probed != self.probed {
+                return Err(InvariantError::ProbedCount { probed, counted: self.probed });
             }
-            for (n, m) in self.members.iter() {
-                let should = m.probeable && m.standing != Standing::Confirmed;
-                if should != self.order.contains(&n) {
-                    let id = dir.id(n);
-                    return Err(InvariantError::OrderMembership { id, present: !should, should });
-                }
-            }
-            if self.order.len() > self.members.len() || self.cursor > self.order.len() {
-                return Err(InvariantError::CursorOverOrder { cursor: self.cursor, order: self.order.clone() });
+            if self.cursor > self.pass.len() {
+                return Err(InvariantError::CursorOverPass { cursor: self.cursor, len: self.pass.len() });
             }
             let expected: BTreeSet<(Time, u32)> = self
                 .members
@@ -1097,29 +1099,21 @@ mod tests {
     /// A broken invariant of [`Swim`]'s bookkeeping. Checking changes nothing.
     #[derive(Debug, thiserror::Error)]
     enum InvariantError {
-        /// A member appears twice in the probe order.
-        #[error("duplicate in probe order {order:?}")]
-        DuplicateInOrder {
-            /// The probe order.
-            order: Vec<u32>,
+        /// The count of probed members is off.
+        #[error("{probed} members probed, {counted} counted")]
+        ProbedCount {
+            /// Probeable members not confirmed dead.
+            probed: usize,
+            /// The count kept.
+            counted: usize,
         },
-        /// A member is in the probe order and should not be, or the reverse.
-        #[error("{id:?} in probe order: {present}, should be {should}")]
-        OrderMembership {
-            /// The member.
-            id: NodeId,
-            /// Whether it is in the order.
-            present: bool,
-            /// Whether it should be.
-            should: bool,
-        },
-        /// The order is longer than the member list, or the cursor is past its end.
-        #[error("cursor {cursor} over order {order:?}")]
-        CursorOverOrder {
+        /// The cursor is past the end of the pass.
+        #[error("cursor {cursor} over a pass of {len}")]
+        CursorOverPass {
             /// The cursor.
-            cursor: usize,
-            /// The probe order.
-            order: Vec<u32>,
+            cursor: u64,
+            /// The places in the pass.
+            len: u64,
         },
         /// The suspicions kept do not match the suspected members in number.
         #[error("{suspects} suspects, {kept} suspicions kept")]

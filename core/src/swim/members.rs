@@ -1,7 +1,7 @@
 //! The detector's member table: each member's standing, kept at the number the node's
 //! [`Directory`] (the replica's slots) holds it at. Every node of a 10,000-node federation holds
 //! one with 10,000 entries; keyed this way an entry is 10 bytes, with neither the 16-byte id
-//! again nor an index of its own, and the probe order refers to members by the same numbers.
+//! again nor an index of its own, and the probe passes walk members by the same numbers.
 
 use super::Member;
 use crate::id::{Directory, NodeId};
@@ -17,6 +17,12 @@ pub(super) struct Members {
 impl Members {
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// One more than the highest number the table has room for a member at (members are
+    /// numbered below it).
+    pub(super) fn span(&self) -> usize {
+        self.table.len()
     }
 
     /// Adds the heap bytes of the table to `heap` ([`crate::heap`]).

@@ -16,19 +16,24 @@ use crate::time::Time;
 /// the configuration) and the suspecters as fingerprints, inline.
 #[derive(Clone, Debug)]
 pub(super) struct Suspicion {
-    started: Time,
-    /// The cluster size when it began, for [`SwimConfig::suspicion_bounds`](super::SwimConfig::suspicion_bounds).
-    cluster_size: u32,
+    /// When it began, as [`Time`]'s microseconds in bytes: no 8-byte alignment, so that a
+    /// suspicion and its 4-byte key take 32 bytes in the table, not 40.
+    started: [u8; 8],
+    /// The cluster size when it began (low 31 bits), for
+    /// [`SwimConfig::suspicion_bounds`](super::SwimConfig::suspicion_bounds), and in the top bit
+    /// whether this node's own probe (or lease) of the member failed too: a witness.
+    size_and_witness: u32,
     /// The first suspecter, then each independent confirmer (at most
     /// [`SwimConfig::suspicion_confirmations`](super::SwimConfig::suspicion_confirmations) of
     /// them), as [`Suspecters::print`]s.
     suspecters: Suspecters,
-    /// This node's own probe (or lease) of the member failed too.
-    witnessed: bool,
 }
 
-// Keep them from growing unnoticed (the id keying each one adds 16 bytes in the table).
-const _: () = assert!(core::mem::size_of::<Suspicion>() <= 32);
+/// The witness bit of [`Suspicion::size_and_witness`].
+const WITNESS: u32 = 1 << 31;
+
+// Keep them from growing unnoticed: with its key, one table entry of tens of millions in a cut.
+const _: () = assert!(core::mem::size_of::<(u32, Suspicion)>() <= 32);
 
 /// Who raised a suspicion and who confirmed it, as fingerprints of their ids: the suspicion
 /// only needs to count them and to tell whether a suspecter is new. Two suspecters whose ids
@@ -74,18 +79,39 @@ impl Suspecters {
 }
 
 impl Suspicion {
+    fn new(started: Time, cluster_size: u32, first: &NodeId, witnessed: bool) -> Suspicion {
+        let size = cluster_size.min(WITNESS - 1);
+        Suspicion {
+            started: started.as_micros().to_le_bytes(),
+            size_and_witness: if witnessed { size | WITNESS } else { size },
+            suspecters: Suspecters::first(first),
+        }
+    }
+
+    pub(super) fn started(&self) -> Time {
+        Time(u64::from_le_bytes(self.started))
+    }
+
+    fn cluster_size(&self) -> u32 {
+        self.size_and_witness & !WITNESS
+    }
+
+    fn witnessed(&self) -> bool {
+        self.size_and_witness & WITNESS != 0
+    }
+
     /// When the suspicion runs out here. A witness waits Lifeguard's timeout, shortened by the
     /// confirmations so far; a node that only heard the rumor waits the longest timeout, by
     /// which the DOWN mark of a witness has normally reached it. Were every node to confirm at
     /// the shortest timeout, nearly all of them would, each signing its own mark: a partition
     /// of 1,250 nodes out of 10,000 made millions of marks, every one a record to spread.
     pub(super) fn deadline(&self, config: &SwimConfig) -> Time {
-        let (min, max) = config.suspicion_bounds(self.cluster_size as usize);
-        if !self.witnessed {
-            return self.started + max;
+        let (min, max) = config.suspicion_bounds(self.cluster_size() as usize);
+        if !self.witnessed() {
+            return self.started() + max;
         }
         let confirmations = u32::try_from(self.suspecters.len() - 1).unwrap_or(u32::MAX);
-        self.started + suspicion_timeout(min, max, confirmations, expected_confirmations(config, self.cluster_size))
+        self.started() + suspicion_timeout(min, max, confirmations, expected_confirmations(config, self.cluster_size()))
     }
 }
 
@@ -186,16 +212,18 @@ impl Swim {
             Standing::Confirmed => Rumor::Drop,
             Standing::Suspect => {
                 let Some(s) = self.suspected.get_mut(&n) else { return Rumor::Drop };
-                let expected = expected_confirmations(&self.config, s.cluster_size);
+                let expected = expected_confirmations(&self.config, s.cluster_size());
                 let news = !s.suspecters.contains(&from) && s.suspecters.len() <= expected as usize;
-                if !news && (!witness || s.witnessed) {
+                if !news && (!witness || s.witnessed()) {
                     return Rumor::Drop;
                 }
                 self.suspicions.remove(&(s.deadline(&self.config), n));
                 if news {
                     s.suspecters.push(&from);
                 }
-                s.witnessed |= witness;
+                if witness {
+                    s.size_and_witness |= WITNESS;
+                }
                 self.suspicions.insert((s.deadline(&self.config), n));
                 if news {
                     Rumor::Spread
@@ -205,8 +233,7 @@ impl Swim {
             }
             Standing::Alive => {
                 m.standing = Standing::Suspect;
-                let suspicion =
-                    Suspicion { started: now, cluster_size, suspecters: Suspecters::first(&from), witnessed: witness };
+                let suspicion = Suspicion::new(now, cluster_size, &from, witness);
                 self.suspicions.insert((suspicion.deadline(&self.config), n));
                 self.suspected.insert(n, suspicion);
                 self.events.push_back(Event::Suspect(id));
@@ -244,7 +271,7 @@ impl Swim {
 
     /// When this node began to suspect `id`, if it does.
     pub(crate) fn suspected_since(&self, dir: &impl Directory, id: &NodeId) -> Option<Time> {
-        self.suspected.get(&self.members.number(dir, id)?).map(|s| s.started)
+        self.suspected.get(&self.members.number(dir, id)?).map(Suspicion::started)
     }
 
     /// Drops the suspicion of member number `n`, if any, with its deadline.
