@@ -132,9 +132,15 @@ impl Swim {
         if self.probed == 0 {
             return None;
         }
-        // At most the rest of this pass and one whole pass, which finds every probed member.
+        // At most the rest of this pass and one whole pass, which finds every probed member
+        // (and, were the count ever wrong, gives up instead of walking passes for ever).
+        let mut fresh = false;
         loop {
             if self.cursor >= self.pass.len() {
+                if fresh {
+                    return None;
+                }
+                fresh = true;
                 let span = u32::try_from(self.members.span()).unwrap_or(u32::MAX);
                 self.pass = Pass::new(self.rng.random(), span);
                 self.cursor = 0;
