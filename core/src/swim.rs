@@ -205,6 +205,11 @@ impl Member {
     fn set_incarnation(&mut self, incarnation: u64) {
         self.incarnation = incarnation.to_le_bytes();
     }
+
+    /// Probed in the passes: probeable and not confirmed dead.
+    fn is_probed(&self) -> bool {
+        self.probeable && self.standing != Standing::Confirmed
+    }
 }
 
 /// One node's SWIM + Lifeguard failure detector; see the [module docs](self).
@@ -331,7 +336,7 @@ impl Swim {
     /// Members it vouched for lose the voucher.
     pub(crate) fn remove_member(&mut self, dir: &impl Directory, id: NodeId) -> bool {
         let Some(n) = self.members.number(dir, &id) else { return false };
-        if self.members.remove(n).is_some_and(|m| m.probeable && m.standing != Standing::Confirmed) {
+        if self.members.remove(n).is_some_and(|m| m.is_probed()) {
             self.leave_order(n);
         }
         self.lift_suspicion(n);
@@ -355,9 +360,9 @@ impl Swim {
     /// [`Swim::set_probeable`] for member `id`, numbered `n`.
     fn set_probeable_at(&mut self, n: u32, id: NodeId, probeable: bool) {
         let m = self.members.at_mut(n);
-        let was = m.probeable && m.standing != Standing::Confirmed;
+        let was = m.is_probed();
         m.probeable = probeable;
-        let is = probeable && m.standing != Standing::Confirmed;
+        let is = m.is_probed();
         match (was, is) {
             (false, true) => self.join_order(n),
             (true, false) => {
@@ -1060,7 +1065,7 @@ mod tests {
         /// The count of probed members is right and the cursor within its pass; the suspicion
         /// deadlines are exactly those of the suspected members.
         fn check_invariants(&self, dir: &impl Directory) -> Result<(), InvariantError> {
-            let probed = self.members.iter().filter(|(_, m)| m.probeable && m.standing != Standing::Confirmed).count();
+            let probed = self.members.iter().filter(|(_, m)| m.is_probed()).count();
             if probed != self.probed {
                 return Err(InvariantError::ProbedCount { probed, counted: self.probed });
             }

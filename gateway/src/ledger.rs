@@ -22,16 +22,16 @@
 //!
 //! # Off the request path
 //!
-//! A request's row is handed to a bounded channel ([`Ledger::record`] never waits) and one
-//! writer thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] (sooner
-//! when the channel is half full) — so a crash or `kill -9` loses at most the rows of the last
-//! half second (and, in WAL mode, never the file). A row wakes no thread: the writer sleeps
-//! until its flush is due, so the ledger costs a request no context switch. When the channel
-//! is full the row is dropped and counted (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests. When the database
-//! cannot be written — a full disk, a read-only directory, a file taken away — requests keep
-//! flowing: the writer counts each failure (`tela_gateway_ledger_errors_total`), logs an error
-//! at most once a minute, keeps up to [`MAX_PENDING`] rows to write once it can, and reopens
-//! the file every few seconds. Rows older than the retention period are deleted hourly.
+//! A request's row is handed to a bounded channel ([`Ledger::record`] never waits) and one writer
+//! thread inserts what has arrived, in one transaction, every [`FLUSH_EVERY`] (sooner when the
+//! channel is half full) — so a crash or `kill -9` loses at most the rows of the last half second
+//! (and, in WAL mode, never the file). A row wakes no thread: the writer sleeps until its flush is
+//! due, so the ledger costs a request no context switch. When the channel is full the row is
+//! dropped and counted (`tela_gateway_ledger_dropped_rows_total`) rather than slowing requests.
+//! When the database cannot be written — a full disk, a read-only directory, a file taken away —
+//! requests keep flowing: the writer counts each failure (`tela_gateway_ledger_errors_total`), logs
+//! an error at most once a minute, keeps up to [`MAX_PENDING`] rows to write once it can, and
+//! reopens the file every few seconds. Rows older than the retention period are deleted hourly.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

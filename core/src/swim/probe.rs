@@ -120,10 +120,7 @@ impl Swim {
 
     /// Whether member number `n` is probed: a probeable member not confirmed dead.
     fn is_probed(&self, n: u32) -> bool {
-        self.members.has(n) && {
-            let m = self.members.at(n);
-            m.probeable && m.standing != Standing::Confirmed
-        }
+        self.members.has(n) && self.members.at(n).is_probed()
     }
 
     /// The next member of the pass, starting a new pass when this one is done; `None` when no
